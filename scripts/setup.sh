@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Sets up danastar in ./.venv and prints nothing else of note.
+#
+# torch policy: a torch that Python can already import (a CUDA build, say) is reused through
+# --system-site-packages and never replaced; on a machine without one, the CPU build is
+# installed (a few hundred MB instead of several GB of CUDA packages).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+EXTRAS=${DANASTAR_EXTRAS:-}
+
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv --system-site-packages .venv
+fi
+PY=.venv/bin/python
+
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+    TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+    echo "setup: no torch found; installing the CPU build of torch ${TORCH_VERSION}"
+    # A local wheel or mirror that carries the +cpu build is used first; otherwise PyTorch's CPU index.
+    "$PY" -m pip install -q "torch==${TORCH_VERSION}+cpu" 2>/dev/null \
+        || "$PY" -m pip install -q --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
+fi
+
+if [ -n "$EXTRAS" ]; then
+    "$PY" -m pip install -q -e ".[${EXTRAS}]"
+else
+    "$PY" -m pip install -q -e .
+fi
+"$PY" -c "import torch, danastar; print(f'setup: danastar {danastar.__version__} with torch {torch.__version__}')"

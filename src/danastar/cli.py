@@ -1,0 +1,51 @@
+"""The `danastar` command: a thin dispatcher to each subcommand's own `main(argv)`.
+
+Subcommands are imported lazily so that `danastar prepare` does not pay for importing the
+training engine and `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from danastar import __version__
+from danastar.errors import UserError
+
+# subcommand -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("danastar.train.cli", "train a model (the main job; no arguments: a CPU run on Shakespeare)"),
+    "prepare": ("danastar.data.prepare", "tokenise a corpus into token files + meta.json"),
+}
+
+
+def usage() -> str:
+    lines = [f"danastar {__version__}", "", "usage: danastar <command> [options]", "", "commands:"]
+    width = max(len(name) for name in SUBCOMMANDS)
+    lines += [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
+    lines += ["", "Run `danastar <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if argv[0] == "--version":
+        print(__version__)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in SUBCOMMANDS:
+        print(f"danastar: unknown command {command!r}; choose one of: {', '.join(SUBCOMMANDS)}.", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[command][0])
+    try:
+        return int(module.main(rest) or 0)
+    except UserError as error:
+        print(f"danastar {command}: {error}", file=sys.stderr)
+        return error.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

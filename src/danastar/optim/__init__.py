@@ -1,0 +1,1 @@
+"""danastar.optim."""
