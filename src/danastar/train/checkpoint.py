@@ -1,0 +1,295 @@
+"""Checkpoints: atomic, checksummed, resumable; one file for single/DDP, DCP for FSDP.
+
+A checkpoint is a directory `<kind>-<step>` (kind `latest` or `permanent`) under the run's
+`checkpoints/` holding
+
+* `state.pt` (single process and DDP): model, optimizer and the run state in one file, or
+* the `torch.distributed.checkpoint` shards of every rank plus `run_state.pt` (FSDP2),
+
+and `meta.json` with the step, the layout and a SHA-256 of every file. It is written into a
+hidden temporary directory, fsynced, and renamed into place, so a directory with a readable
+`meta.json` whose checksums match is complete; anything else is skipped at resume with a
+message. Older `latest` checkpoints are removed only after a newer one is in place, and
+`keep_latest` of them are kept so that a corrupt one can be skipped. With `$SLURM_TMPDIR` (a
+fast node-local disk) a single-file checkpoint is written there first and copied to the run
+directory in the background, then moved into place atomically.
+
+The run state saved with the weights is whatever the loop passes as `run_state`: the step, the
+RNG states of every rank, the data position, counters. Batches are a pure function of the step,
+so the step is the data position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from danastar.errors import UserError
+
+CHECKPOINT_NAME = re.compile(r"^(latest|permanent)-(\d{8})$")
+STATE_FILE = "state.pt"  # single/DDP: everything in one file
+RUN_STATE_FILE = "run_state.pt"  # DCP: the non-tensor run state beside the shards
+META_FILE = "meta.json"
+
+
+@dataclass(frozen=True)
+class Found:
+    """A complete, verified checkpoint on disk."""
+
+    path: Path
+    step: int
+    layout: str  # "single" or "dcp"
+
+
+# ----------------------------------------------------------------------------------------------
+# RNG states: saved per rank so that every rank continues its own stream exactly.
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def gather_rng_states() -> list[dict[str, Any]]:
+    """Every rank's RNG state, in rank order (a one-element list without torch.distributed)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [rng_state()]
+    states: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(states, rng_state())
+    return states
+
+
+# ----------------------------------------------------------------------------------------------
+# Files: checksums and durable writes.
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_tree(directory: Path) -> None:
+    """Flush every file and the directory entries to disk before the rename publishes them."""
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    fsync_dir(directory)
+
+
+def fsync_dir(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_meta(directory: Path, step: int, layout: str) -> None:
+    files = {str(p.relative_to(directory)): sha256(p) for p in sorted(directory.rglob("*")) if p.is_file()}
+    meta = {"step": step, "layout": layout, "files": files, "saved_at": time.time(), "torch": torch.__version__}
+    (directory / META_FILE).write_text(json.dumps(meta, indent=1))
+
+
+def verify(directory: Path) -> tuple[Optional[dict[str, Any]], str]:
+    """(meta, "") for a complete checkpoint, or (None, why it cannot be used)."""
+    try:
+        meta = json.loads((directory / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None, f"{META_FILE} is missing or unreadable"
+    for name, expected in meta.get("files", {}).items():
+        path = directory / name
+        if not path.is_file():
+            return None, f"{name} is missing"
+        if sha256(path) != expected:
+            return None, f"{name} does not match its checksum"
+    if not meta.get("files"):
+        return None, "it lists no files"
+    return meta, ""
+
+
+def publish(temporary: Path, final: Path) -> None:
+    """fsync then rename a finished temporary directory into place (atomic on one filesystem)."""
+    fsync_tree(temporary)
+    if final.exists():  # only a stale copy of the same step can be here; the new one replaces it
+        shutil.rmtree(final)
+    os.replace(temporary, final)
+    fsync_dir(final.parent)
+
+
+# ----------------------------------------------------------------------------------------------
+
+class Checkpointer:
+    """Saves and finds the checkpoints of one run directory.
+
+    `sharded=True` (FSDP2) uses `torch.distributed.checkpoint`, where every rank writes its shards;
+    otherwise rank 0 writes one file. Every rank must call `save` and `load` (collectives inside).
+    """
+
+    def __init__(self, directory: Path, *, sharded: bool, keep_latest: int = 2, log=print,
+                 staging_root: Optional[Path] = None):
+        self.directory = Path(directory)
+        self.sharded = sharded
+        self.keep_latest = keep_latest
+        self.log = log
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        if staging_root is None and os.environ.get("SLURM_TMPDIR") and not sharded:
+            staging_root = Path(os.environ["SLURM_TMPDIR"]) / "danastar-checkpoints"
+        self.staging_root = staging_root
+        self._copy_thread: Optional[threading.Thread] = None
+        self._copy_error: Optional[BaseException] = None
+
+    # -- saving --------------------------------------------------------------------------------
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             run_state: dict[str, Any], kind: str = "latest") -> None:
+        """Write checkpoint `<kind>-<step>`; `run_state` must already hold every rank's RNG states."""
+        name = f"{kind}-{step:08d}"
+        if self.sharded:
+            self._save_sharded(name, step, model, optimizer, run_state)
+        elif self.rank == 0:
+            self._save_single(name, step, model, optimizer, run_state)
+        self._barrier()
+
+    def _save_single(self, name, step, model, optimizer, run_state) -> None:
+        self.wait()  # one background copy at a time, in order
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "run_state": run_state}
+        root = self._staging_dir() if self.staging_root else self.directory
+        temporary = root / f".tmp-{name}"
+        self._fresh_dir(temporary)
+        torch.save(state, temporary / STATE_FILE)
+        write_meta(temporary, step, "single")
+        publish(temporary, root / name)
+        if self.staging_root is None:
+            self._prune()
+            return
+        # Staged on the node-local disk: copy to the run directory in the background.
+        self._copy_thread = threading.Thread(target=self._copy_staged, args=(root / name,), daemon=True)
+        self._copy_thread.start()
+
+    def _staging_dir(self) -> Path:
+        """This run's folder on the node-local disk (named after the run directory's path)."""
+        return self.staging_root / self.directory.resolve().as_posix().strip("/").replace("/", "_")
+
+    def _copy_staged(self, staged: Path) -> None:
+        try:
+            temporary = self.directory / f".tmp-{staged.name}"
+            if temporary.exists():
+                shutil.rmtree(temporary)
+            shutil.copytree(staged, temporary)
+            publish(temporary, self.directory / staged.name)
+            shutil.rmtree(staged, ignore_errors=True)
+            self._prune()
+        except BaseException as error:  # reported by wait() in the training thread
+            self._copy_error = error
+
+    def wait(self) -> None:
+        """Block until a background copy has finished (call before exit)."""
+        if self._copy_thread is not None:
+            self._copy_thread.join()
+            self._copy_thread = None
+        if self._copy_error is not None:
+            error, self._copy_error = self._copy_error, None
+            raise RuntimeError(f"copying a staged checkpoint to {self.directory} failed") from error
+
+    def _save_sharded(self, name, step, model, optimizer, run_state) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        temporary = self.directory / f".tmp-{name}"
+        if self.rank == 0:
+            self._fresh_dir(temporary)
+        self._barrier()
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(temporary))
+        self._barrier()
+        if self.rank == 0:
+            torch.save(run_state, temporary / RUN_STATE_FILE)
+            write_meta(temporary, step, "dcp")
+            publish(temporary, self.directory / name)
+            self._prune()
+
+    def _fresh_dir(self, path: Path) -> None:
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+
+    def _prune(self) -> None:
+        """Remove `latest` checkpoints beyond the newest `keep_latest`, and stale temporaries."""
+        latest = sorted(p for p in self.checkpoints() if p.name.startswith("latest-"))
+        for old in latest[:-self.keep_latest]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    # -- finding and loading -------------------------------------------------------------------
+
+    def checkpoints(self) -> list[Path]:
+        """Checkpoint directories by name, oldest step first (no verification)."""
+        if not self.directory.is_dir():
+            return []
+        found = [p for p in self.directory.iterdir() if p.is_dir() and CHECKPOINT_NAME.match(p.name)]
+        return sorted(found, key=lambda p: (int(CHECKPOINT_NAME.match(p.name).group(2)), p.name))
+
+    def find_latest(self) -> Optional[Found]:
+        """The newest complete checkpoint, skipping (with a message) any that fail verification."""
+        chosen: Optional[Found] = None
+        if self.rank == 0:
+            for path in reversed(self.checkpoints()):
+                meta, problem = verify(path)
+                if meta is not None:
+                    chosen = Found(path, int(meta["step"]), meta["layout"])
+                    break
+                self.log(f"checkpoint {path} is incomplete or corrupt ({problem}); trying the previous one.")
+        if self.distributed:
+            box = [chosen]
+            dist.broadcast_object_list(box, src=0)
+            chosen = box[0]
+        return chosen
+
+    def load(self, found: Found, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Load weights and optimizer state into `model`/`optimizer`; returns the saved run state."""
+        expected = "dcp" if self.sharded else "single"
+        if found.layout != expected:
+            raise UserError(f"checkpoint {found.path} was written by a {'sharded (FSDP)' if found.layout == 'dcp' else 'single-file'} "
+                            f"run; resume it with the same --distributed_backend or pass --no_auto_resume.")
+        if found.layout == "single":
+            state = torch.load(found.path / STATE_FILE, map_location="cpu", weights_only=False)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            return state["run_state"]
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=str(found.path))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        return torch.load(found.path / RUN_STATE_FILE, map_location="cpu", weights_only=False)
+
+    def _barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
