@@ -1,0 +1,198 @@
+"""Reporting: the run directory, metrics.jsonl, the console, per-rank logs, wandb, TensorBoard.
+
+Run directory layout (see docs/training.md):
+
+    <run_dir>/config.yaml        the resolved config
+    <run_dir>/environment.json   git revision and dirty status, versions, host, world size
+    <run_dir>/metrics.jsonl      one JSON object per line: {"step": ..., "train_loss" | "val_loss": ...}
+    <run_dir>/logs/rank<r>.log   what each rank said
+    <run_dir>/checkpoints/       see train/checkpoint.py
+
+Only rank 0 writes metrics, the console and the trackers; every rank writes its own log.
+wandb and tensorboard are imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from danastar.errors import UserError
+
+# Dense bf16 peak FLOP/s of common accelerators, matched against the device name (first match wins).
+PEAK_FLOPS = {
+    "H200": 989e12, "H100": 989e12, "H800": 989e12, "GH200": 989e12, "B200": 2250e12,
+    "A100": 312e12, "A800": 312e12, "A10G": 125e12, "A6000": 155e12, "L40S": 362e12, "L4": 121e12,
+    "V100": 125e12, "MI300X": 1307e12, "MI250X": 383e12,
+}
+
+
+def peak_flops(device: torch.device, given: Optional[float] = None) -> Optional[float]:
+    """The device's peak FLOP/s for MFU: the flag if given, else the table; None when unknown (CPU)."""
+    if given:
+        return given
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
+
+
+def environment(world_size: int) -> dict[str, Any]:
+    """What produced this run: code revision, versions and the machine."""
+    import numpy
+
+    import danastar
+
+    source = Path(danastar.__file__).resolve().parent
+    return {
+        "git_revision": git(["rev-parse", "HEAD"], source),
+        "git_dirty": bool(git(["status", "--porcelain", "--untracked-files=no"], source)),
+        "danastar": danastar.__version__,
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "python": sys.version.split()[0],
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "world_size": world_size,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "command": sys.argv,
+    }
+
+
+def git(args: list[str], cwd: Path) -> Optional[str]:
+    try:
+        result = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def rank_logger(run_dir: Path, rank: int) -> logging.Logger:
+    """A logger writing to <run_dir>/logs/rank<r>.log (and nowhere else)."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger(f"danastar.train.rank{rank}")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    handler = logging.FileHandler(run_dir / "logs" / f"rank{rank}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(message)s"))
+    logger.addHandler(handler)
+    return logger
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop lines logged after `last_step` (a resumed run logs those steps again)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text("".join(line + "\n" for line in kept))
+    os.replace(temporary, path)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl as a list of dictionaries."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+class RunLogger:
+    """metrics.jsonl + progress bar + console + trackers for rank 0; a file log for every rank."""
+
+    def __init__(self, run_dir: Path, config, *, rank: int, world_size: int, total_steps: int,
+                 start_step: int, resumed: bool):
+        self.run_dir = Path(run_dir)
+        self.is_main = rank == 0
+        self.file_log = rank_logger(self.run_dir, rank)
+        self.bar = None
+        self.wandb_run = None
+        self.tensorboard = None
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        if not self.is_main:
+            return
+        if resumed:
+            truncate_metrics(self.metrics_path, start_step)
+        elif self.metrics_path.exists():
+            self.metrics_path.unlink()  # a fresh start in an old run directory
+        self.metrics_file = open(self.metrics_path, "a")
+        if config.logging.progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
+                            dynamic_ncols=True, file=sys.stdout)
+        if config.logging.wandb:
+            self.wandb_run = start_wandb(config, self.run_dir, resumed)
+        if config.logging.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise UserError("TensorBoard is not installed; pip install 'danastar[tensorboard]' "
+                                "or drop logging.tensorboard.") from None
+            self.tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+
+    def info(self, message: str) -> None:
+        """A line on the console (rank 0, above the progress bar) and in this rank's log."""
+        self.file_log.info(message)
+        if not self.is_main:
+            return
+        if self.bar is not None:
+            self.bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        """One metrics.jsonl line (and tracker point); `metrics` holds `step`."""
+        self.file_log.info(json.dumps(metrics))
+        if not self.is_main:
+            return
+        self.metrics_file.write(json.dumps(metrics, allow_nan=True) + "\n")
+        self.metrics_file.flush()
+        numbers = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))}
+        if self.wandb_run is not None:
+            self.wandb_run.log(numbers, step=metrics["step"])
+        if self.tensorboard is not None:
+            for key, value in numbers.items():
+                self.tensorboard.add_scalar(key, value, metrics["step"])
+
+    def progress(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.bar is None:
+            return
+        self.bar.n = step
+        shown = {key: metrics[key] for key in ("train_loss", "lr", "grad_norm") if key in metrics}
+        self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else v)
+                              for k, v in shown.items()}, refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if not self.is_main:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        self.metrics_file.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def start_wandb(config, run_dir: Path, resumed: bool):
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("wandb is not installed; pip install 'danastar[wandb]' or pass --no_wandb.") from None
+    mode = "offline" if config.logging.wandb_offline or os.environ.get("WANDB_MODE") == "offline" else None
+    return wandb.init(project=config.logging.wandb_project, name=run_dir.name, id=run_dir.name.replace("/", "-"),
+                      dir=str(run_dir), config=config.to_dict(), mode=mode, resume="allow" if resumed else None)
