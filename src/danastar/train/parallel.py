@@ -1,0 +1,190 @@
+"""Distribution: single process, DDP, FSDP2 (full shard, ZeRO-2-like, HSDP), TP + FSDP2.
+
+`setup_distributed` reads torchrun's environment, picks the device and process-group backend
+(nccl on GPU, gloo on CPU) and builds the device mesh; `parallelize` wraps a model in the fixed
+order tensor parallelism → activation checkpointing → torch.compile → FSDP2 (or DDP).
+
+Mesh dimensions (outermost first): `dp_replicate` (HSDP only), `dp_shard` (or `dp`), `tp`.
+Ranks that differ only in their `tp` coordinate see the same data, so the data loader is given
+`data_rank`/`data_world` rather than the global rank and world.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from danastar.errors import UserError
+
+SHARDED_BACKENDS = ("fsdp", "zero2", "hsdp")
+
+
+@dataclass
+class Distributed:
+    """Where this process sits: rank, world, device, mesh, and which slice of data it reads."""
+
+    backend: str  # single | ddp | fsdp | zero2 | hsdp
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    data_rank: int
+    data_world: int
+    mesh: Optional["torch.distributed.device_mesh.DeviceMesh"] = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def sharded(self) -> bool:
+        return self.backend in SHARDED_BACKENDS
+
+    @property
+    def initialized(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+
+def choose_device(requested: str) -> torch.device:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but no CUDA device is visible; use train.device=cpu.")
+    if requested == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def resolve_backend(requested: str, world_size: int) -> str:
+    if requested == "auto":
+        return "single" if world_size == 1 else "ddp"
+    if requested == "single" and world_size > 1:
+        raise UserError(f"--distributed_backend single cannot run {world_size} processes; use ddp or fsdp.")
+    return requested
+
+
+def setup_distributed(config) -> Distributed:
+    """Initialise torch.distributed when launched by torchrun (WORLD_SIZE > 1) and build the mesh."""
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    backend = resolve_backend(config.parallel.backend, world_size)
+    device = choose_device(config.train.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    tp, replicas = config.parallel.tp_size, config.parallel.hsdp_replicas
+    if world_size == 1:
+        if tp > 1 or replicas > 1:
+            raise UserError("tensor parallelism and HSDP need several processes; add --nproc.")
+        return Distributed(backend, 0, 0, 1, device, 0, 1)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=datetime.timedelta(minutes=30),
+                                device_id=device if device.type == "cuda" else None)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    data_world = world_size // tp
+    shape, names = [data_world], ["dp"]
+    if backend == "hsdp":
+        shape, names = [replicas, data_world // replicas], ["dp_replicate", "dp_shard"]
+    if tp > 1:
+        shape, names = shape + [tp], names + ["tp"]
+    mesh = init_device_mesh(device.type, tuple(shape), mesh_dim_names=tuple(names))
+    return Distributed(backend, rank, local_rank, world_size, device, rank // tp, data_world, mesh)
+
+
+def data_parallel_mesh(env: Distributed):
+    """The mesh FSDP2 shards over: 1-D `dp`, or the 2-D (replicate, shard) mesh of HSDP."""
+    if env.backend == "hsdp":
+        return env.mesh["dp_replicate", "dp_shard"]
+    return env.mesh["dp"]
+
+
+def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
+    """TP → activation checkpointing → compile → FSDP2/DDP, as the configuration asks."""
+    if config.parallel.tp_size > 1:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        from danastar.models.parallelize import tensor_parallel_plan
+
+        parallelize_module(model, env.mesh["tp"], tensor_parallel_plan(model))
+    if config.parallel.activation_checkpointing:
+        from danastar.models.parallelize import apply_activation_checkpointing
+
+        apply_activation_checkpointing(model, config.parallel.activation_checkpointing)
+    if config.train.compile:
+        for block in model.blocks:  # per block: FSDP2 then wraps compiled blocks unchanged
+            block.compile()
+    if env.sharded:
+        return apply_fsdp(model, config, env)
+    if env.backend == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [env.device.index] if env.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+    return model
+
+
+def apply_fsdp(model: nn.Module, config, env: Distributed) -> nn.Module:
+    """fully_shard each block, then the root; fp32 parameters, bf16 gradient reduction on GPU."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    reduce = config.parallel.reduce_dtype
+    if reduce == "auto":
+        reduce = "bf16" if env.device.type == "cuda" else "fp32"
+    policy = MixedPrecisionPolicy(param_dtype=torch.float32,
+                                  reduce_dtype=torch.bfloat16 if reduce == "bf16" else torch.float32)
+    reshard = env.backend != "zero2"  # ZeRO-2-like: keep gathered parameters from forward to backward
+    mesh = data_parallel_mesh(env)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)  # backward needs it next
+    return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model under a DDP wrapper (FSDP2 and TP modify the model in place)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce on inner accumulation micro-steps (DDP no_sync / FSDP2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
+        yield
+    elif isinstance(model, nn.parallel.DistributedDataParallel) and not sync:
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum over every rank (a no-op in a single process); returns the tensor for chaining."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
