@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -53,7 +52,7 @@ class OptimSection:
     omega: float = 4.0
     kappa: float = 0.85
     delta: float = 8.0
-    clipsnr: float = 2.0  # used by the *-mk4 optimizers only
+    clipsnr: Optional[float] = None  # *-mk4 optimizers only; None: their default 2.0
     grad_clip: float = 0.5  # global L2 norm; 0 disables clipping (the norm is still logged)
     scheduler: str = "cos_inf"
     warmup_steps: Optional[int] = None  # None: iterations // 50
@@ -82,10 +81,8 @@ class TrainSection:
 
 @dataclass
 class DataSection:
-    dataset: str = "shakespeare"  # a prepared directory, or a name prepared under data_root
-    data_root: Optional[str] = None  # None: $DANASTAR_DATA or ~/.cache/danastar/data
+    dataset: str = "shakespeare"  # a prepared directory, `shakespeare` (prepared on first use), or `synthetic`
     data_seed: Optional[int] = None  # None: train.seed
-    tokenizer: Optional[str] = None  # None: the dataset's own (GPT-2 for fineweb)
 
 
 @dataclass
@@ -363,10 +360,6 @@ def batch_layout(config: TrainConfig, world_size: int) -> BatchLayout:
                         f"{data_parallel} data-parallel ranks; use a multiple of {data_parallel}.")
     return BatchLayout(world_size, data_parallel, batch * config.train.acc_steps, batch // data_parallel,
                        config.train.acc_steps, config.train.sequence_length)
-
-
-def default_data_root() -> Path:
-    return Path(os.environ.get("DANASTAR_DATA", Path.home() / ".cache" / "danastar" / "data"))
 
 
 def default_run_dir(config: TrainConfig) -> Path:

@@ -108,11 +108,12 @@ def data_parallel_mesh(env: Distributed):
 def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
     """TP → activation checkpointing → compile → FSDP2/DDP, as the configuration asks."""
     if config.parallel.tp_size > 1:
-        from torch.distributed.tensor.parallel import parallelize_module
+        from danastar.models.parallelize import apply_tensor_parallel
 
-        from danastar.models.parallelize import tensor_parallel_plan
-
-        parallelize_module(model, env.mesh["tp"], tensor_parallel_plan(model))
+        try:
+            apply_tensor_parallel(model, env.mesh["tp"])
+        except ValueError as error:
+            raise UserError(f"{error}.") from None
     if config.parallel.activation_checkpointing:
         from danastar.models.parallelize import apply_activation_checkpointing
 
@@ -132,7 +133,7 @@ def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
 
 def apply_fsdp(model: nn.Module, config, env: Distributed) -> nn.Module:
     """fully_shard each block, then the root; fp32 parameters, bf16 gradient reduction on GPU."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     reduce = config.parallel.reduce_dtype
     if reduce == "auto":
@@ -144,6 +145,7 @@ def apply_fsdp(model: nn.Module, config, env: Distributed) -> nn.Module:
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)  # backward needs it next
+    register_fsdp_forward_method(model, "generate")  # gathers the root's parameters for sampling too
     return model
 
 
