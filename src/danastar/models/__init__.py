@@ -1,1 +1,37 @@
-"""danastar.models."""
+"""danastar.models: the Enoki and Qwen3 language models.
+
+    from danastar.models import ModelConfig, build_model
+    model = build_model(ModelConfig.from_heads("enoki", 6, vocab_size=50257, max_seq_len=1024))
+    loss, ce, z = model(idx, targets)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import nn
+
+from danastar.models.config import ModelConfig
+from danastar.models.enoki import Enoki
+from danastar.models.loss import LossOutput, chunked_cross_entropy
+from danastar.models.qwen3 import Qwen3
+from danastar.models.transformer import Transformer
+
+MODELS: dict[str, type[Transformer]] = {"enoki": Enoki, "qwen3": Qwen3}
+
+
+def build_model(arch_or_config: str | ModelConfig, **kwargs: Any) -> nn.Module:
+    """The model for a ``ModelConfig`` (``kwargs`` replace its fields) or for an arch name
+    (``kwargs`` are the ``ModelConfig`` fields)."""
+    if isinstance(arch_or_config, ModelConfig):
+        config = dataclasses.replace(arch_or_config, **kwargs)
+    elif arch_or_config in MODELS:
+        config = ModelConfig(arch=arch_or_config, **kwargs)
+    else:
+        raise ValueError(f"unknown arch {arch_or_config!r}; valid choices: {', '.join(MODELS)}")
+    return MODELS[config.arch](config)
+
+
+__all__ = ["MODELS", "Enoki", "LossOutput", "ModelConfig", "Qwen3", "Transformer",
+           "build_model", "chunked_cross_entropy"]

@@ -1,0 +1,88 @@
+"""Cross-entropy plus z-loss over the output head, in chunks of positions.
+
+The full (B, T, V) logits never exist: each chunk of rows gets its logits, its loss terms and,
+when gradients are needed, its gradients with respect to the hidden states and the head weight
+right away, so only one chunk of logits is alive at a time and backward is a multiplication.
+
+    loss = mean_i [ lse_i − logit_i[target_i] ]  +  z · mean_i lse_i²     (i over targets != −1)
+    ∂loss/∂logits_i = (softmax_i · (1 + 2·z·lse_i) − onehot(target_i)) / n_valid
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+IGNORE_INDEX = -1
+
+
+class LossOutput(NamedTuple):
+    """The training loss and its two parts (``ce`` and ``z`` are detached, for logging)."""
+
+    loss: torch.Tensor
+    ce: torch.Tensor
+    z: torch.Tensor
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                z_loss: float, chunk_rows: int, compute_dtype: torch.dtype):
+        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        head = weight.to(compute_dtype)
+        valid = targets != IGNORE_INDEX
+        n_valid = valid.sum().clamp(min=1).float()
+        ce_sum = hidden.new_zeros((), dtype=torch.float32)
+        z_sum = hidden.new_zeros((), dtype=torch.float32)
+        grad_hidden = torch.empty_like(hidden) if need_grad else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
+
+        for start in range(0, hidden.shape[0], chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            x = hidden[rows].to(compute_dtype)
+            logits = (x @ head.T).float()  # the loss itself is always float32
+            target = targets[rows].clamp(min=0)[:, None]  # ignored rows are masked below
+            mask = valid[rows].float()
+            lse = torch.logsumexp(logits, dim=-1)
+            ce_sum += ((lse - logits.gather(1, target).squeeze(1)) * mask).sum()
+            z_sum += (lse.square() * mask).sum()
+            if need_grad:
+                grad_logits = logits.sub_(lse[:, None]).exp_()  # softmax, in place
+                grad_logits.mul_((1 + 2 * z_loss * lse)[:, None])
+                grad_logits.scatter_add_(1, target, -torch.ones_like(target, dtype=torch.float32))
+                grad_logits.mul_((mask / n_valid)[:, None])
+                grad_logits = grad_logits.to(compute_dtype)
+                grad_hidden[rows] = grad_logits @ head
+                grad_weight += (grad_logits.T @ x).float()
+
+        ce = ce_sum / n_valid
+        z = z_loss * z_sum / n_valid
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(ce, z)
+        return ce + z, ce, z
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_ce, grad_z):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return (grad_hidden * grad_loss.to(grad_hidden.dtype),
+                (grad_weight * grad_loss).to(ctx.weight_dtype), None, None, None, None)
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          z_loss: float = 1e-4, chunk: int = 256) -> LossOutput:
+    """Loss of the head ``weight`` (V, d) on ``hidden`` (B, T, d) against ``targets`` (B, T).
+
+    The B·T positions are processed B·``chunk`` rows at a time (the memory of ``chunk``
+    positions of every sequence). Targets equal to −1 are
+    ignored. Under autocast the head matmuls run in the autocast dtype and the loss in float32.
+    """
+    device_type = hidden.device.type
+    compute_dtype = (torch.get_autocast_dtype(device_type)
+                     if torch.is_autocast_enabled(device_type) else weight.dtype)
+    with torch.autocast(device_type, enabled=False):
+        loss, ce, z = _ChunkedLinearCrossEntropy.apply(
+            hidden.flatten(0, 1), weight, targets.flatten(), z_loss,
+            chunk * hidden.shape[0], compute_dtype)
+    return LossOutput(loss, ce, z)

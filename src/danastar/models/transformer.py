@@ -1,0 +1,175 @@
+"""The decoder-only transformer both architectures share: token embedding → pre-norm blocks →
+final norm → output head, plus initialisation, the loss, parameter groups, FLOPs and generation.
+
+An architecture subclasses :class:`Transformer` and supplies ``make_block`` and ``make_norm``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from danastar import scaling
+from danastar.models.config import ModelConfig
+from danastar.models.layers import KVCache, RMSNorm, rope_tables
+from danastar.models.loss import LossOutput, chunked_cross_entropy
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        vocab = config.padded_vocab_size
+        self.embed = nn.Embedding(vocab, config.n_embd)
+        self.blocks = nn.ModuleList(self.make_block(config) for _ in range(config.n_layer))
+        self.norm = self.make_norm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, vocab, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    # -- supplied by each architecture --------------------------------------------------------
+
+    # block submodules that tensor parallelism splits by output (colwise) and by input (rowwise)
+    tp_colwise: tuple[str, ...] = ()
+    tp_rowwise: tuple[str, ...] = ()
+
+    @staticmethod
+    def make_block(config: ModelConfig) -> nn.Module:
+        raise NotImplementedError
+
+    @staticmethod
+    def make_norm(dim: int, eps: float) -> nn.Module:
+        raise NotImplementedError
+
+    # -- initialisation -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re)initialise every parameter and the RoPE tables (also after meta-device creation).
+
+        ScaledGPT: Linear N(0, 1/fan_in), embedding N(0, 1/d), residual outputs
+        N(0, 1/(2·fan_in·n_layer)). KarpathyGPT2: N(0, 0.02²), residual outputs
+        N(0, (0.02/√(2·n_layer))²). Norm weights are 1.
+        """
+        config = self.config
+        scaled = config.init == "ScaledGPT"
+        depth = 2 * config.n_layer
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and module.weight is not self.embed.weight:
+                fan_in = module.in_features
+                std = fan_in ** -0.5 if scaled else 0.02
+                if getattr(module, "is_residual_output", False):
+                    std /= math.sqrt(depth)
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=config.n_embd ** -0.5 if scaled else 0.02)
+            elif isinstance(module, (nn.LayerNorm, RMSNorm)):
+                module.reset_parameters()
+        cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta,
+                               device=self.rope_cos.device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+
+    # -- forward ------------------------------------------------------------------------------
+
+    def hidden_states(self, idx: torch.Tensor, caches: list[KVCache] | None = None,
+                      pos: int = 0) -> torch.Tensor:
+        """Final-norm output (B, T, d) for tokens ``idx`` (B, T) at positions pos..pos+T."""
+        seq_len = idx.shape[1]
+        if pos + seq_len > self.config.max_seq_len:
+            raise ValueError(f"sequence of {pos + seq_len} tokens exceeds max_seq_len "
+                             f"{self.config.max_seq_len}")
+        rope = (self.rope_cos[pos:pos + seq_len], self.rope_sin[pos:pos + seq_len])
+        x = self.embed(idx)
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope, None if caches is None else caches[i], pos)
+        return self.norm(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """Logits (B, T, padded V) or, with targets (−1 = ignore), the chunked ``LossOutput``."""
+        hidden = self.hidden_states(idx)
+        if targets is None:
+            return self.lm_head(hidden)
+        return chunked_cross_entropy(hidden, self.lm_head.weight, targets,
+                                     z_loss=self.config.z_loss, chunk=self.config.loss_chunk)
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """Two groups: Linear weights (incl. an untied head) decay; embeddings, norms don't."""
+        decayed = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
+        decayed.discard(id(self.embed.weight))  # a tied head is the embedding
+        groups = [{"params": [], "names": [], "weight_decay": weight_decay},
+                  {"params": [], "names": [], "weight_decay": 0.0}]
+        for name, param in self.named_parameters():
+            group = groups[0] if id(param) in decayed else groups[1]
+            group["params"].append(param)
+            group["names"].append(name)
+        return groups
+
+    def num_params(self, exact: bool = True, non_embedding: bool = False) -> int:
+        """Parameter count: the real one (``exact``) or the scaling rules' 12·d²·L (+ 2·d·V)."""
+        config = self.config
+        if exact:
+            total = sum(p.numel() for p in self.parameters())
+            if non_embedding:
+                total -= sum(p.numel() for p in {self.embed.weight, self.lm_head.weight})
+            return total
+        count = scaling.non_embedding_params(config.n_embd, config.n_layer)
+        if not non_embedding:
+            count += scaling.embedding_params(config.n_embd, config.padded_vocab_size,
+                                              config.tie_embeddings)
+        return count
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token: 6·N for the weights every token multiplies (all parameters
+        but the embedding lookup) plus 12·L·H·hd·T for attention scores and values (the full
+        T×T, as in PaLM's MFU)."""
+        config = self.config
+        matmul_params = self.num_params()
+        if not config.tie_embeddings:
+            matmul_params -= self.embed.weight.numel()
+        attention = 12 * config.n_layer * config.n_head * config.head_dim * seq_len
+        return 6 * matmul_params + attention
+
+    # -- sampling -----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None) -> torch.Tensor:
+        """Continue ``idx`` (B, T) by ``max_new_tokens`` tokens with a KV cache.
+
+        ``temperature == 0`` is greedy; ``top_k`` keeps the k most likely tokens. Only real
+        (unpadded) vocabulary entries are sampled.
+        """
+        total = idx.shape[1] + max_new_tokens
+        if total > self.config.max_seq_len:
+            raise ValueError(f"prompt plus new tokens ({total}) exceeds max_seq_len "
+                             f"{self.config.max_seq_len}")
+        caches = [KVCache(total) for _ in self.blocks]
+        pos, step_input = 0, idx
+        for _ in range(max_new_tokens):
+            hidden = self.hidden_states(step_input, caches, pos)
+            logits = self.lm_head(hidden[:, -1]).float()[:, :self.config.vocab_size]
+            pos += step_input.shape[1]
+            step_input = sample(logits, temperature, top_k)
+            idx = torch.cat((idx, step_input), dim=1)
+        return idx
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int | None) -> torch.Tensor:
+    """One token per row of ``logits`` (B, V) → (B, 1)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
