@@ -1,0 +1,77 @@
+"""AdEMAMix: Adam with a second, slow momentum m2 mixed in with weight alpha.
+
+Both warm-ups are optional: alpha grows linearly to its value over ``alpha_warmup`` steps, and
+beta3 grows linearly in half-life space over ``beta3_warmup`` steps. With ``decaying_wd`` the
+weight decay is the DANA family's independent, decaying one (applied before the update);
+otherwise it is AdamW's coupled p <- p - lr * weight_decay * p.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._kernel import PerTensorOptimizer, check, decay_multiplier
+from .adamw import check_betas
+
+
+def half_life(beta: float) -> float:
+    """Steps for an EMA with coefficient beta to halve a contribution, minus one."""
+    return math.log(0.5) / math.log(beta + 1e-8) - 1
+
+
+def ademamix_update(param, grad, m1, m2, v, k, lr, schedule_factor, *, betas, alpha,
+                    alpha_warmup, beta3_warmup, eps, weight_decay, wd_ts, decaying_wd):
+    """One step on one tensor (reference and compiled paths)."""
+    beta1, beta2, beta3 = betas
+    work = param if param.dtype == m1.dtype else param.to(m1.dtype)
+    grad = grad.to(m1.dtype)
+    if alpha_warmup is not None:
+        alpha = alpha * torch.clamp(k / alpha_warmup, max=1)
+    if beta3_warmup is not None:
+        fraction = k / beta3_warmup
+        half_life_k = (1 - fraction) * half_life(beta1) + fraction * half_life(beta3)
+        beta3 = torch.where(k < beta3_warmup, 0.5 ** (1 / (half_life_k + 1)), beta3)
+    if decaying_wd and weight_decay != 0:
+        work.mul_(decay_multiplier(weight_decay, schedule_factor, k, wd_ts))
+    m1.lerp_(grad, 1 - beta1)
+    m2.lerp_(grad, 1 - beta3)
+    v.mul_(beta2).add_(grad * grad * (1 - beta2))
+    bias_correction1 = 1 - beta1 ** k
+    bias_correction2 = 1 - beta2 ** k
+    denom = v.sqrt() / bias_correction2.sqrt() + eps
+    direction = (m1 / bias_correction1 + alpha * m2) / denom
+    if not decaying_wd and weight_decay != 0:
+        direction = direction + weight_decay * work
+    work.sub_(lr * direction)
+    if work is not param:
+        param.copy_(work)
+
+
+class AdEMAMix(PerTensorOptimizer):
+    """AdEMAMix (arXiv 2409.03137), optionally with the decaying, independent weight decay."""
+
+    buffer_names = ("exp_avg_fast", "exp_avg_slow", "exp_avg_sq")
+    update = staticmethod(ademamix_update)
+    hyperparameter_names = ("betas", "alpha", "alpha_warmup", "beta3_warmup", "eps",
+                            "weight_decay", "wd_ts", "decaying_wd")
+
+    def __init__(self, params, lr, *, betas=(0.9, 0.999, 0.9999), alpha=5.0, alpha_warmup=None,
+                 beta3_warmup=None, eps=1e-8, weight_decay=0.0, wd_ts=None, decaying_wd=False,
+                 impl=None):
+        check(len(betas) == 3, f"betas must be (beta1, beta2, beta3), got {betas}")
+        check_betas(betas)
+        check(alpha >= 0, f"alpha must be >= 0, got {alpha}")
+        for name, warmup in (("alpha_warmup", alpha_warmup), ("beta3_warmup", beta3_warmup)):
+            check(warmup is None or warmup > 0, f"{name} must be None or > 0, got {warmup}")
+        check(eps >= 0, f"eps must be >= 0, got {eps}")
+        check(weight_decay >= 0, f"weight_decay must be >= 0, got {weight_decay}")
+        check(wd_ts is None or wd_ts > 0, f"wd_ts must be None or > 0, got {wd_ts}")
+        defaults = dict(lr=lr, betas=tuple(betas), alpha=alpha, alpha_warmup=alpha_warmup,
+                        beta3_warmup=beta3_warmup, eps=eps, weight_decay=weight_decay,
+                        wd_ts=wd_ts, decaying_wd=bool(decaying_wd))
+        super().__init__(params, defaults, impl)
+
+    def hyperparameters(self, group: dict) -> dict:
+        return {name: group[name] for name in self.hyperparameter_names}

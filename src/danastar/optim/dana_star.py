@@ -1,0 +1,108 @@
+"""Dana-Star and Dana-Star-MK4: ADana with a per-coordinate estimate tau of how often a coordinate
+receives gradient, so rarely-updated coordinates (rare tokens, experts) get the right step.
+
+For one tensor at step k (a = delta / (delta + k)); tau uses the already-updated v:
+
+    m <- lerp(m, g, a);  v <- (1 - a) v + a g^2;  D = sqrt(v) + eps
+    tau <- lerp(tau, |g| / (|g| + D), a)
+    p_hat = min(tau, 1/2) / (1 - min(tau, 1/2));  tau_r = max(p_hat, 1 / (1 + k))
+    T_eff = max(tau k, 1);  N = sqrt(tau_r) / D;  r = |m| N / tau_r
+    A = T_eff^(1 - kappa) r   (Dana-Star-MK4: A = min(A, clipsnr))
+    p <- p - lr * (g N + sign(m) (tau_r A + |m| N)), then the decaying weight decay.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._kernel import decay_multiplier
+from .adana import DanaBase, finish_foreach, working_copies
+
+
+def star_terms(m, denom, tau, k, kappa, clipsnr):
+    """Regularised probability tau_r, normaliser N, SNR r and damping A of Dana-Star."""
+    tau_hat = tau.clamp(max=0.5)
+    p_hat = tau_hat / (1 - tau_hat)
+    tau_reg = torch.clamp(p_hat, min=1 / (1 + k))
+    effective_time = torch.clamp(tau * k, min=1)
+    norm = tau_reg.sqrt() / denom
+    snr = m.abs() * norm / tau_reg
+    damping = effective_time ** (1 - kappa) * snr
+    if clipsnr is not None:
+        damping = damping.clamp(max=clipsnr)
+    return tau_reg, norm, snr, damping
+
+
+def dana_star_update(param, grad, m, v, tau, k, lr, schedule_factor, *, delta, kappa, clipsnr,
+                     eps, weight_decay, wd_ts):
+    """One Dana-Star / Dana-Star-MK4 step on one tensor (reference and compiled paths)."""
+    work = param if param.dtype == m.dtype else param.to(m.dtype)
+    grad = grad.to(m.dtype)
+    a = delta / (delta + k)
+    m.lerp_(grad, a)
+    v.mul_(1 - a).add_(grad * grad * a)
+    denom = v.sqrt() + eps
+    grad_size = grad.abs()
+    tau.lerp_(grad_size / (grad_size + denom), a)
+    tau_reg, norm, _, damping = star_terms(m, denom, tau, k, kappa, clipsnr)
+    work.sub_(lr * (grad * norm + m.sign() * (tau_reg * damping + m.abs() * norm)))
+    if weight_decay != 0:
+        work.mul_(decay_multiplier(weight_decay, schedule_factor, k, wd_ts))
+    if work is not param:
+        param.copy_(work)
+
+
+def dana_star_foreach_update(params, grads, ms, vs, taus, *, k, lr, schedule_factor, delta,
+                             kappa, clipsnr, eps, weight_decay, wd_ts):
+    """`dana_star_update` over lists of tensors sharing the step count k."""
+    work, grads = working_copies(params, grads, ms)
+    a = delta / (delta + k)
+    torch._foreach_lerp_(ms, grads, a)
+    torch._foreach_mul_(vs, 1 - a)
+    torch._foreach_addcmul_(vs, grads, grads, value=a)
+    denom = torch._foreach_sqrt(vs)
+    torch._foreach_add_(denom, eps)
+
+    grad_size = torch._foreach_abs(grads)
+    frequency = torch._foreach_div(grad_size, torch._foreach_add(grad_size, denom))
+    torch._foreach_lerp_(taus, frequency, a)
+
+    tau_hat = torch._foreach_clamp_max(taus, 0.5)
+    one_minus = torch._foreach_neg(tau_hat)
+    torch._foreach_add_(one_minus, 1)
+    tau_reg = torch._foreach_div(tau_hat, one_minus)
+    torch._foreach_clamp_min_(tau_reg, 1 / (1 + k))
+    effective_time = torch._foreach_mul(taus, k)
+    torch._foreach_clamp_min_(effective_time, 1)
+    torch._foreach_pow_(effective_time, 1 - kappa)
+
+    norm = torch._foreach_sqrt(tau_reg)
+    torch._foreach_div_(norm, denom)
+    m_size = torch._foreach_abs(ms)
+    damping = torch._foreach_mul(m_size, norm)
+    torch._foreach_div_(damping, tau_reg)
+    torch._foreach_mul_(damping, effective_time)
+    if clipsnr is not None:
+        torch._foreach_clamp_max_(damping, clipsnr)
+
+    momentum_term = torch._foreach_mul(tau_reg, damping)
+    torch._foreach_addcmul_(momentum_term, m_size, norm)
+    torch._foreach_mul_(momentum_term, torch._foreach_sign(ms))
+    direction = torch._foreach_mul(grads, norm)
+    torch._foreach_add_(direction, momentum_term)
+    torch._foreach_add_(work, direction, alpha=-lr)
+    finish_foreach(params, work, k, schedule_factor, weight_decay, wd_ts)
+
+
+class DanaStar(DanaBase):
+    """Dana-Star (``clipsnr=None``) and Dana-Star-MK4 (``clipsnr=2.0``); ``impl`` as ADana."""
+
+    buffer_names = ("exp_avg", "exp_avg_sq", "tau")
+    update = staticmethod(dana_star_update)
+    foreach_update = staticmethod(dana_star_foreach_update)
+
+    def diagnostic_terms(self, state, k, group):
+        denom = state["exp_avg_sq"].sqrt() + group["eps"]
+        _, _, snr, damping = star_terms(state["exp_avg"], denom, state["tau"], k,
+                                        group["kappa"], group["clipsnr"])
+        return {"snr": snr, "damping": damping, "tau": state["tau"]}

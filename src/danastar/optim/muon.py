@@ -1,0 +1,96 @@
+"""Muon for hidden weight matrices, AdamW for everything else, as one optimizer.
+
+Hidden 2-D matrices get ``torch.optim.Muon`` (momentum 0.95 with Nesterov, five Newton-Schulz
+iterations, the update scaled with ``adjust_lr_fn="match_rms_adamw"`` so one LR serves both).
+Token embeddings (names ending in ``embed.weight``), the output head (``lm_head.weight``) and all
+1-D parameters go to ``torch.optim.AdamW`` with betas (0.8, 0.999). Both use coupled weight
+decay; every incoming group keeps its own ``weight_decay``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ADAMW_ONLY_SUFFIXES = ("embed.weight", "lm_head.weight")
+
+
+def uses_muon(name: str | None, param: torch.Tensor) -> bool:
+    """Whether a parameter is a hidden weight matrix (Muon) rather than AdamW's."""
+    return param.ndim == 2 and not (name is not None and name.endswith(ADAMW_ONLY_SUFFIXES))
+
+
+def split_groups(groups: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Split each param group into its Muon part and its AdamW part (other keys kept)."""
+    muon_groups, adamw_groups = [], []
+    for group in groups:
+        names = group.get("names") or [None] * len(group["params"])
+        parts = {True: ([], []), False: ([], [])}
+        for name, param in zip(names, group["params"]):
+            params, part_names = parts[uses_muon(name, param)]
+            params.append(param)
+            part_names.append(name)
+        for to_muon, (params, part_names) in parts.items():
+            if params:
+                part = {**group, "params": params}
+                if "names" in group:
+                    part["names"] = part_names
+                (muon_groups if to_muon else adamw_groups).append(part)
+    return muon_groups, adamw_groups
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """One optimizer over two: its ``param_groups`` are the Muon groups then the AdamW groups
+    (the same dicts the inner optimizers read), and its ``state`` is shared with both, so LR
+    schedulers, ``state_dict`` and ``load_state_dict`` see a single ordinary optimizer."""
+
+    def __init__(self, params, lr, *, weight_decay=0.0, momentum=0.95, nesterov=True,
+                 betas=(0.8, 0.999), eps=1e-8, ns_steps=5):
+        groups = list(params)
+        if groups and not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        muon_groups, adamw_groups = split_groups(groups)
+        self.muon = torch.optim.Muon(
+            muon_groups, lr=lr, weight_decay=weight_decay, momentum=momentum,
+            nesterov=nesterov, ns_steps=ns_steps, adjust_lr_fn="match_rms_adamw",
+        ) if muon_groups else None
+        self.adamw = torch.optim.AdamW(
+            adamw_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+        ) if adamw_groups else None
+        inner_groups = [g for opt in self._inner() for g in opt.param_groups]
+        super().__init__(inner_groups, dict(lr=lr, weight_decay=weight_decay))
+        for group in self.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self._share_groups_and_state()
+
+    def _inner(self) -> list[torch.optim.Optimizer]:
+        return [opt for opt in (self.muon, self.adamw) if opt is not None]
+
+    def _share_groups_and_state(self) -> None:
+        start = 0
+        for opt in self._inner():
+            count = len(opt.param_groups)
+            opt.param_groups = self.param_groups[start:start + count]
+            opt.state = self.state
+            start += count
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for opt in self._inner():
+            opt.step()
+        return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)  # replaces the group dicts and the state
+        self._share_groups_and_state()
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "muon": self.muon, "adamw": self.adamw}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if "muon" in self.__dict__:
+            self._share_groups_and_state()
