@@ -370,3 +370,23 @@ def default_run_dir(config: TrainConfig) -> Path:
 
 def save_yaml(config: TrainConfig, path: Path) -> None:
     path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int):
+    """The scaling plan of this run: what `--heads` implies, with explicit settings taking precedence."""
+    from danastar import scaling
+
+    overrides = {
+        "lr": config.optim.lr, "weight_decay": config.optim.weight_decay,
+        "warmup_steps": config.optim.warmup_steps, "iterations": config.train.iterations,
+        "n_layer": config.model.n_layer, "n_embd": config.model.n_embd, "n_head": config.model.n_head,
+    }
+    try:
+        return scaling.make_plan(
+            config.model.arch, config.optim.name, config.model.heads,
+            batch_size=config.train.batch_size, acc_steps=config.train.acc_steps,
+            seq_len=config.train.sequence_length, vocab_size=vocab_size, world_size=data_parallel_size,
+            kappa=config.optim.kappa, delta=config.optim.delta, omega=config.optim.omega,
+            clipsnr=config.optim.clipsnr, **{key: value for key, value in overrides.items() if value is not None})
+    except ValueError as error:
+        raise UserError(f"{str(error).rstrip('.')}.") from None

@@ -1,0 +1,69 @@
+"""`danastar train`: parse the configuration, then plan (`--dry_run`), launch (`--nproc N`) or train.
+
+    danastar train                                   # the CPU preset on Shakespeare
+    danastar train --arch enoki --opt adana --heads 3 --dataset fineweb --dry_run
+    danastar train --heads 2 --nproc 2 --distributed_backend fsdp
+    torchrun --nproc_per_node 8 -m danastar train --heads 12 --distributed_backend fsdp
+
+Every flag and key is documented in docs/training.md (`danastar train --help` lists the flags).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from danastar.config import TrainConfig, batch_layout, load_config, make_run_plan
+
+# Vocabularies of the tokenizers named sources are prepared with by default, for `--dry_run`
+# without prepared data: GPT-2's published vocabulary, and the size of the BPE trained on a corpus.
+GPT2_VOCAB_SIZE = 50257
+
+
+def main(argv: list[str]) -> int:
+    config, args = load_config(argv)
+    if getattr(args, "dry_run", False):
+        print(json.dumps(dry_run(config), indent=2))
+        return 0
+    from danastar.launch.local import launch, under_torchrun
+
+    if config.parallel.nproc > 1 and not under_torchrun():
+        return launch(config.parallel.nproc, argv)
+    from danastar.train.loop import train
+
+    return train(config)
+
+
+def dry_run(config: TrainConfig) -> dict:
+    """The resolved plan, batch layout and config as JSON-ready data; needs no data on disk."""
+    world_size = int(os.environ.get("WORLD_SIZE", config.parallel.nproc))
+    layout = batch_layout(config, world_size)
+    vocab_size = planned_vocab_size(config.data.dataset)
+    plan = make_run_plan(config, vocab_size, layout.data_parallel_size)
+    return {"plan": plan.to_dict(), "batch_layout": layout.to_dict(), "dataset": config.data.dataset,
+            "config": config.to_dict()}
+
+
+def planned_vocab_size(dataset: str) -> int:
+    """The vocabulary a dataset has, or will have once prepared with its default tokenizer."""
+    from danastar.data import prepare, sources
+
+    path = Path(dataset).expanduser()
+    for directory in (path, prepare.default_data_dir(dataset)):
+        if directory.is_dir() and (directory / prepare.META_FILE).is_file():
+            return int(json.loads((directory / prepare.META_FILE).read_text())["vocab_size"])
+        if directory.is_dir() and (directory / "train.bin").is_file():
+            return GPT2_VOCAB_SIZE  # the original release's raw GPT-2 token files
+    if dataset == "synthetic":
+        from danastar.train.data import SYNTHETIC_VOCAB_SIZE
+
+        return SYNTHETIC_VOCAB_SIZE
+    if dataset.startswith("fineweb"):
+        return GPT2_VOCAB_SIZE
+    if dataset in sources.SOURCES:  # prepared on first use with a BPE trained on the corpus
+        return sources.Corpus.default_vocab_size
+    from danastar.errors import UserError
+
+    raise UserError(f"dataset {dataset!r} is neither prepared nor a known source; prepare it with "
+                    f"`danastar prepare SOURCE --out DIR` and pass --dataset DIR.")

@@ -1,0 +1,79 @@
+"""The data a run reads, as the loop needs it: train batches by (step, micro-step), fixed
+validation batches, and the tokenizer for the closing sample.
+
+Composes `danastar.data`: the dataset is prepared on first use (`ensure_prepared`, safe when
+every rank calls it), memory-mapped (`TokenData`), and sampled by `TrainLoader`, whose batch for
+a step is a pure function of (seed, step, micro-step, data rank, data world). `--dataset
+synthetic` is an in-memory power-law Markov source for smoke tests without any corpus.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Optional
+
+import torch
+
+from danastar.config import BatchLayout, TrainConfig
+from danastar.data.loader import TokenData, TrainLoader, validation_batches
+from danastar.data.prepare import ensure_prepared
+from danastar.train.parallel import Distributed
+
+SYNTHETIC_VOCAB_SIZE = 512
+SYNTHETIC_TRAIN_TOKENS = 400_000
+
+
+class TrainingData:
+    def __init__(self, tokens: TokenData, loader: TrainLoader, layout: BatchLayout, env: Distributed):
+        self.tokens = tokens
+        self.loader = loader
+        self.layout = layout
+        self.env = env
+        self.device = env.device
+        self.tokenizer = tokens.tokenizer() if tokens.path is not None else None
+        self._validation = lru_cache(maxsize=2)(self._load_validation)
+
+    @classmethod
+    def open(cls, config: TrainConfig, env: Distributed, layout: BatchLayout) -> "TrainingData":
+        seed = config.train.seed if config.data.data_seed is None else config.data.data_seed
+        if config.data.dataset == "synthetic":
+            tokens = TokenData.synthetic(SYNTHETIC_VOCAB_SIZE, SYNTHETIC_TRAIN_TOKENS, seed=seed)
+        else:
+            tokens = TokenData.open(ensure_prepared(config.data.dataset))
+        loader = TrainLoader(tokens, seq_len=layout.sequence_length, micro_batch_size=layout.micro_batch_per_rank,
+                             acc_steps=layout.acc_steps, rank=env.data_rank, world_size=env.data_world,
+                             seed=seed, device=env.device)
+        return cls(tokens, loader, layout, env)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokens.vocab_size
+
+    def train_batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of this rank for (step, micro-step), on the device."""
+        return self.loader.get(step, micro_step)
+
+    def validation_batches(self, count: Optional[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The first `count` fixed validation batches (None: all), this rank's rows of each."""
+        return self._validation(count)
+
+    def _load_validation(self, count: Optional[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # The validation batch is the global micro-batch, so its rows do not depend on the world size.
+        batch_size = self.layout.micro_batch_per_rank * self.env.data_world
+        batches = validation_batches(self.tokens, seq_len=self.layout.sequence_length, batch_size=batch_size,
+                                     num_batches=count, rank=self.env.data_rank, world_size=self.env.data_world)
+        return [(x.to(self.device), y.to(self.device)) for x, y in batches]
+
+    @property
+    def eot_id(self) -> int:
+        return self.tokenizer.eot_id if self.tokenizer is not None else 0
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text) if self.tokenizer is not None else []
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of `ids`, or the ids themselves when the data has no loadable tokenizer."""
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else " ".join(map(str, ids))
+
+    def close(self) -> None:
+        self.loader.close()
