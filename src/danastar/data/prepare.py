@@ -93,6 +93,7 @@ def prepare_source(
     train split (the default for Shakespeare). Source options are those of `sources.open_source`.
     """
     out = Path(out_dir).expanduser()
+    workers = _worker_count(workers)  # checked before any long work
     corpus = open_source(source, **source_options)
     out.mkdir(parents=True, exist_ok=True)
     spec = tokenizer or corpus.default_tokenizer
@@ -115,7 +116,7 @@ def prepare_source(
 
     total = sum(s.documents for s in corpus.shards) if all(s.documents is not None for s in corpus.shards) else None
     done_documents = sum(r["documents"] for r in state["shards"].values())
-    with _Tokenise(worker_spec, _worker_count(workers)) as tokenise, _progress(total, done_documents, progress) as bar:
+    with _Tokenise(worker_spec, workers) as tokenise, _progress(total, done_documents, progress) as bar:
         for shard in corpus.shards:
             if shard.name in state["shards"]:
                 continue  # finished before an interruption
@@ -320,7 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = vars(build_parser().parse_args(argv))
+    try:
+        args = vars(build_parser().parse_args(argv))
+    except SystemExit as exit:  # --help (0) or a malformed command line (2, after argparse's message)
+        return int(exit.code or 0)
     source, out = args.pop("source"), args.pop("out")
     if out is None:
         if source not in SOURCES:
