@@ -273,3 +273,23 @@ def test_ensure_prepared_names_and_directories(tmp_path, monkeypatch):
     monkeypatch.delenv("DANASTAR_DATA_DIR")
     monkeypatch.setenv("DANASTAR_CACHE_DIR", str(tmp_path / "cache"))
     assert prepare.default_data_dir("shakespeare") == tmp_path / "cache" / "data" / "shakespeare"
+
+
+def test_a_vocabulary_beyond_uint16_is_stored_as_uint32(tmp_path):
+    import base64
+
+    from danastar.data.loader import TokenData
+
+    # A tiktoken BPE file with every byte and every pair of bytes: 65,792 tokens + end-of-text.
+    tokens = [bytes([b]) for b in range(256)] + [bytes([a, b]) for a in range(256) for b in range(256)]
+    (tmp_path / "wide.tiktoken").write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for r, t in enumerate(tokens)))
+    (tmp_path / "in").mkdir()
+    for i in range(12):
+        (tmp_path / "in" / f"{i}.txt").write_text(f"document {i}: ßpæcial ✓ " * 20)
+    meta = prepare_source(str(tmp_path / "in"), tmp_path / "out", tokenizer=str(tmp_path / "wide.tiktoken"),
+                          val_fraction=0.3, workers=1, progress=False)
+    assert (meta["vocab_size"], meta["dtype"], meta["eot_id"]) == (65_793, "uint32", 65_792)
+    data = TokenData.open(tmp_path / "out")
+    assert data.dtype == np.uint32 and int(data.val.max()) == 65_792
+    assert sorted(documents_in(tmp_path / "out", "train") + documents_in(tmp_path / "out", "val")) == sorted(
+        f"document {i}: ßpæcial ✓ " * 20 for i in range(12))
