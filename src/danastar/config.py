@@ -191,7 +191,7 @@ def preset_path(name_or_path: str) -> Path:
 
 def load_config(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     """Parse `danastar train` arguments into a merged, validated config (plus the raw namespace)."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)
     config_file = getattr(args, "config", None) or DEFAULT_PRESET
     layers = [read_yaml(preset_path(config_file)), flags_to_dict(args), dotted_to_dict(getattr(args, "overrides", []))]
     return merge(layers), args

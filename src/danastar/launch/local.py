@@ -23,13 +23,27 @@ def under_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
 
 
+def worker_argv(train_argv: list[str]) -> list[str]:
+    """The arguments for the workers: `--nproc N` becomes `parallel.nproc=N`, because torchrun's own
+    parser would take `--nproc` for an abbreviation of its `--nproc_per_node` and stop."""
+    result, arguments = [], iter(train_argv)
+    for argument in arguments:
+        if argument == "--nproc":
+            result.append(f"parallel.nproc={next(arguments, '')}")
+        elif argument.startswith("--nproc="):
+            result.append(f"parallel.nproc={argument.split('=', 1)[1]}")
+        else:
+            result.append(argument)
+    return result
+
+
 def torchrun_command(nproc: int, train_argv: list[str]) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone",  # one machine, rendezvous on a free port
         f"--nproc_per_node={nproc}",
         f"--signals_to_handle={FORWARDED_SIGNALS}",
-        "-m", "danastar", "train", *train_argv,
+        "-m", "danastar", "train", *worker_argv(train_argv),
     ]
 
 

@@ -199,11 +199,27 @@ def autocast_context(config: TrainConfig, device: torch.device):
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
-    """Clip the global L2 norm of all gradients (DTensor-safe); returns the norm before clipping."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
-    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2 / TP
-        norm = norm.full_tensor()
-    return norm.item()
+    """Clip the global L2 norm of all gradients; returns the norm before clipping.
+
+    DTensor-safe: under TP + FSDP2 the gradients live on two meshes (the 2-D one of the sharded
+    projections, the 1-D data-parallel one of the rest), which one `torch.stack` cannot mix, so the
+    norm is taken per mesh and the per-mesh norms are combined.
+    """
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    by_mesh: dict = {}
+    for grad in grads:
+        by_mesh.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
+    norms = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(group, norm_type=2.0)
+        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+    if max_norm > 0:
+        # As torch.nn.utils.clip_grad_norm_: scale by min(1, max_norm / (norm + 1e-6)), in fp32.
+        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0).item()
+        for grad in grads:
+            grad.mul_(scale)
+    return total.item()
 
 
 @torch.no_grad()

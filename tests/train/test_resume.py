@@ -1,0 +1,100 @@
+"""Exact resume after kill -9, preemption by SIGTERM, --iterations_to_run, corrupt checkpoints."""
+
+import os
+import random
+import signal
+import shutil
+
+import pytest
+from train_helpers import (assert_ok, compared, last_step, metrics, run_train, start_train, wait_for_step)
+
+from danastar.train.checkpoint import Checkpointer
+from danastar.train.signals import PREEMPTED_EXIT_CODE
+
+RUN = ("--iterations", "40", "checkpoint.latest_every=3")
+
+
+def kill_and_resume(tmp_path, torchrun=0, extra=()):
+    """Kill -9 the whole process tree at a random step, then run the same command again."""
+    run_dir = tmp_path / "run"
+    args = [*RUN, *extra]
+    process = start_train(args, run_dir, torchrun)
+    kill_step = random.Random().randint(6, 25)
+    wait_for_step(process, run_dir, kill_step)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    killed_at = last_step(run_dir)
+    assert killed_at < 40, "the run finished before it could be killed"
+    resumed = run_train(args, run_dir, torchrun)
+    assert_ok(resumed)
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "resumed from" in log, log
+    return run_dir, killed_at
+
+
+def test_kill_9_then_auto_resume_is_bitwise_identical(tmp_path, reference_runs):
+    run_dir, _ = kill_and_resume(tmp_path)
+    assert compared(run_dir) == compared(reference_runs(RUN))
+
+
+@pytest.mark.slow
+def test_kill_9_then_auto_resume_is_bitwise_identical_with_ddp(tmp_path, reference_runs):
+    run_dir, _ = kill_and_resume(tmp_path, torchrun=2)
+    assert compared(run_dir) == compared(reference_runs(RUN, torchrun=2))
+
+
+@pytest.mark.slow
+def test_fsdp_resume_matches_within_rounding(tmp_path, reference_runs):
+    fsdp = ("--distributed_backend", "fsdp")
+    run_dir, _ = kill_and_resume(tmp_path, torchrun=2, extra=fsdp)
+    reference = compared(reference_runs((*RUN, *fsdp), torchrun=2))
+    resumed = compared(run_dir)
+    assert [(step, key) for step, key, _ in resumed] == [(step, key) for step, key, _ in reference]
+    for (step, key, got), (_, _, expected) in zip(resumed, reference):
+        assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), (step, key)
+    assert "dcp" in (run_dir / "checkpoints" / sorted(os.listdir(run_dir / "checkpoints"))[-1] / "meta.json").read_text()
+
+
+def test_sigterm_saves_a_loadable_checkpoint_and_exits_with_the_preemption_code(tmp_path, reference_runs):
+    run_dir = tmp_path / "run"
+    args = [*RUN[:2], "checkpoint.latest_every=-1"]  # only the signal writes a checkpoint
+    process = start_train(args, run_dir)
+    wait_for_step(process, run_dir, 4)
+    os.killpg(process.pid, signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == PREEMPTED_EXIT_CODE, output
+    assert "SIGTERM" in output and "checkpoint saved" in output
+    found = Checkpointer(run_dir / "checkpoints", sharded=False).find_latest()
+    assert found is not None and found.step == last_step(run_dir)
+    assert_ok(run_train(args, run_dir))  # and the run continues from it to the same end
+    assert compared(run_dir) == compared(reference_runs(RUN))
+
+
+def test_iterations_to_run_stops_cleanly_and_the_chain_continues(tmp_path, reference_runs):
+    run_dir = tmp_path / "run"
+    for expected_step in (15, 30, 40):
+        assert_ok(run_train([*RUN, "--iterations_to_run", "15"], run_dir))
+        assert last_step(run_dir) == expected_step
+    assert compared(run_dir) == compared(reference_runs(RUN))
+
+
+def test_a_corrupt_latest_checkpoint_is_skipped_with_a_message(tmp_path, reference_runs):
+    run_dir = tmp_path / "run"
+    assert_ok(run_train([*RUN, "--iterations_to_run", "10"], run_dir))  # checkpoints at 9 and 10
+    newest = sorted((run_dir / "checkpoints").iterdir())[-1]
+    assert newest.name == "latest-00000010"
+    state = newest / "state.pt"
+    state.write_bytes(state.read_bytes()[:-10])  # a truncated write
+    result = run_train(list(RUN), run_dir)
+    assert_ok(result)
+    assert "latest-00000010 is incomplete or corrupt" in result.stdout + result.stderr
+    assert "resumed from" in (run_dir / "logs" / "rank0.log").read_text()
+    assert "at step 9" in (run_dir / "logs" / "rank0.log").read_text()
+    assert compared(run_dir) == compared(reference_runs(RUN))
+
+
+def test_no_auto_resume_starts_afresh(tmp_path, reference_runs):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_runs(RUN), run_dir)
+    assert_ok(run_train([*RUN, "--no_auto_resume"], run_dir))
+    assert metrics(run_dir)[0]["step"] == 0 and compared(run_dir) == compared(reference_runs(RUN))
