@@ -1,0 +1,96 @@
+"""Each optimizer against an independent float64 transcription of the specification."""
+
+import math
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+import optim_spec_reference as spec
+from danastar.optim import ADana, apply_schedule, build_optimizer, get_schedule
+
+SHAPES = [(6, 5), (11,), (2, 3, 4), (1,)]
+STEPS = 35
+PEAK_LR = 3e-3
+WEIGHT_DECAYS = [{}, {"weight_decay": 0.05}, {"weight_decay": 0.5, "wd_ts": 10}]
+
+
+def gradient(rng, step, index, shape):
+    """Dense, all-zero, sparse and missing gradients, varying over the steps."""
+    if index == 0 and step % 7 == 3:
+        return np.zeros(shape)  # a zero gradient (not None): the tensor still takes a step
+    if index == 3 and step % 5 == 0:
+        return None  # no gradient: skipped, its step count does not advance
+    g = rng.normal(0.2, 1.0, size=shape)
+    if index == 1:
+        g = g * (rng.random(shape) < 0.2)  # sparse: most coordinates get nothing
+    return g
+
+
+def run_against_spec(name, spec_step, hparams, **options):
+    rng = np.random.default_rng(0)
+    start = [rng.normal(size=shape) for shape in SHAPES]
+    params = [torch.tensor(p, requires_grad=True) for p in start]
+    optimizer = build_optimizer(name, params, lr=PEAK_LR, **hparams, **options)
+    schedule = get_schedule("cos_inf", warmup_steps=5, total_steps=STEPS)
+    expected = [p.copy() for p in start]
+    states = [spec.initial_state(shape) for shape in SHAPES]
+    counts = [0] * len(SHAPES)
+    for step in range(STEPS):
+        factor = schedule(step)
+        apply_schedule(optimizer, factor)
+        for i, (param, shape) in enumerate(zip(params, SHAPES)):
+            g = gradient(rng, step, i, shape)
+            param.grad = None if g is None else torch.tensor(g)
+            if g is not None:
+                counts[i] += 1
+                expected[i] = spec_step(expected[i], g, states[i], counts[i], PEAK_LR * factor,
+                                        factor, **hparams)
+        optimizer.step()
+    for param, want in zip(params, expected):
+        np.testing.assert_allclose(param.detach().numpy(), want, rtol=1e-12, atol=1e-15)
+
+
+DANA = {
+    "adana": partial(spec.dana_step, star=False),
+    "dana-mk4": partial(spec.dana_step, star=False, clipsnr=2.0),
+    "dana-star": partial(spec.dana_step, star=True),
+    "dana-star-mk4": partial(spec.dana_step, star=True, clipsnr=2.0),
+}
+
+
+@pytest.mark.parametrize("impl", ["reference", "foreach"])
+@pytest.mark.parametrize("weight_decay", WEIGHT_DECAYS, ids=["no-wd", "wd", "wd-decaying"])
+@pytest.mark.parametrize("name", list(DANA))
+def test_dana_family_matches_spec(name, weight_decay, impl):
+    run_against_spec(name, DANA[name], weight_decay, impl=impl)
+
+
+@pytest.mark.parametrize("weight_decay", WEIGHT_DECAYS, ids=["no-wd", "wd", "wd-decaying"])
+def test_adamw_decaying_wd_matches_spec(weight_decay):
+    run_against_spec("adamw-decaying-wd", spec.adamw_decaying_wd_step, weight_decay)
+
+
+@pytest.mark.parametrize("hparams", [
+    {},
+    {"weight_decay": 0.1, "alpha_warmup": 20, "beta3_warmup": 20, "betas": (0.9, 0.999, 0.99)},
+    {"weight_decay": 0.5, "wd_ts": 10, "decaying_wd": True, "alpha_warmup": 20,
+     "beta3_warmup": 50, "alpha": 8.0},
+], ids=["plain", "warmups-coupled-wd", "warmups-decaying-wd"])
+def test_ademamix_matches_spec(hparams):
+    run_against_spec("ademamix", spec.ademamix_step, hparams)
+
+
+def test_first_step_closed_form():
+    """delta 8, kappa 0.85, g = 1: a = 8/9, m = v = 8/9, so the step is
+    -(1/sqrt(8/9) + (1 + 2^0.15) sqrt(8/9)) lr, about -3.0496 lr."""
+    lr = 1e-3
+    param = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    optimizer = ADana([param], lr=lr, eps=0.0)
+    param.grad = torch.ones(3, dtype=torch.float64)
+    optimizer.step()
+    exact = -(1 / math.sqrt(8 / 9) + (1 + 2 ** 0.15) * math.sqrt(8 / 9)) * lr
+    torch.testing.assert_close(param.detach(), torch.full((3,), exact, dtype=torch.float64),
+                               rtol=1e-14, atol=0)
+    assert abs(exact / lr + 3.0496) < 1e-4
