@@ -211,8 +211,11 @@ def _text_batches(texts: Iterable[str], max_chars: int = 1 << 20, max_documents:
 _worker_tokenizer: Tokenizer | None = None
 
 
-def _init_worker(spec: str) -> None:
+def _init_worker(spec: str, one_thread: bool = False) -> None:
     global _worker_tokenizer
+    if one_thread:
+        # One core per worker process: the Rust tokenizers' own thread pool would oversubscribe.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker_tokenizer = load_tokenizer(spec)
 
 
@@ -240,7 +243,7 @@ class _Tokenise:
     def __enter__(self) -> _Tokenise:
         if self.workers > 1:
             context = multiprocessing.get_context("spawn")
-            self.pool = context.Pool(self.workers, initializer=_init_worker, initargs=(self.spec,))
+            self.pool = context.Pool(self.workers, initializer=_init_worker, initargs=(self.spec, True))
         else:
             _init_worker(self.spec)
         return self
@@ -302,21 +305,22 @@ def build_parser() -> argparse.ArgumentParser:
                "file or a folder of them.",
     )
     parser.add_argument("source", metavar="SOURCE", help="shakespeare | fineweb | path to local files")
-    parser.add_argument("--out", help="output directory (default for named sources: the default data dir)")
-    parser.add_argument("--tokenizer", help="gpt2 | cl100k | bytes | bpe | path to tokenizer.json or .tiktoken "
+    parser.add_argument("--out", metavar="DIR", help="output directory (default for named sources: the default data dir)")
+    parser.add_argument("--tokenizer", metavar="NAME", help="gpt2 | cl100k | bytes | bpe | path to tokenizer.json or .tiktoken "
                                              "(default: bpe for shakespeare, gpt2 otherwise)")
-    parser.add_argument("--vocab_size", type=int, help="vocabulary of --tokenizer bpe (default 4096)")
-    parser.add_argument("--workers", type=int, help="tokenising processes (default: all cores)")
+    parser.add_argument("--vocab_size", type=int, metavar="N", help="vocabulary of --tokenizer bpe (default 4096)")
+    parser.add_argument("--workers", type=int, metavar="N", help="tokenising processes (default: all cores)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
     group = parser.add_argument_group("splitting and source options")
-    group.add_argument("--val_fraction", type=float, help="fraction of documents for validation")
-    group.add_argument("--split_seed", type=int, help="seed of the document split")
-    group.add_argument("--text_field", help="local .jsonl/.parquet: field holding the text (default text)")
-    group.add_argument("--shard_input_mb", type=float, help="local files: input megabytes per output shard")
-    group.add_argument("--config", help="fineweb: sample-10BT (default) or sample-100BT")
-    group.add_argument("--data_files", nargs="+", help="fineweb: local parquet files, folders or globs instead of the hub")
-    group.add_argument("--docs_per_shard", type=int, help="fineweb: documents per train shard (default 100000)")
-    group.add_argument("--hf_cache_dir", help="fineweb: Hugging Face datasets cache directory")
+    group.add_argument("--val_fraction", type=float, metavar="F", help="fraction of documents for validation "
+                       "(default: 0.1 shakespeare, 0.01 local files, 0.0005 fineweb)")
+    group.add_argument("--split_seed", type=int, metavar="N", help="seed of the document split (default: 2357 fineweb, else 0)")
+    group.add_argument("--text_field", metavar="NAME", help="local .jsonl/.parquet: field holding the text (default text)")
+    group.add_argument("--shard_input_mb", type=float, metavar="MB", help="local files: input megabytes per output shard (default 1024)")
+    group.add_argument("--config", metavar="NAME", help="fineweb: sample-10BT (default) or sample-100BT")
+    group.add_argument("--data_files", nargs="+", metavar="PATH", help="fineweb: local parquet files, folders or globs instead of the hub")
+    group.add_argument("--docs_per_shard", type=int, metavar="N", help="fineweb: documents per train shard (default 100000)")
+    group.add_argument("--hf_cache_dir", metavar="DIR", help="fineweb: Hugging Face datasets cache directory")
     return parser
 
 

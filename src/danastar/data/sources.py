@@ -19,8 +19,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from danastar.errors import UserError
@@ -45,7 +45,6 @@ class Corpus:
     default_tokenizer: str
     # Vocabulary size of the BPE trained when the tokenizer is "bpe" (the corpus's own default).
     default_vocab_size: int = 4096
-    extra: dict = field(default_factory=dict)
 
     def train_texts(self) -> Iterator[str]:
         """Documents of the train split, in order (what a BPE is trained on)."""
@@ -236,7 +235,7 @@ def _file_documents(file: Path, text_field: str) -> Iterator[str]:
         if text_field not in parquet.schema_arrow.names:
             raise UserError(f"{file} has no column {text_field!r} (columns: {', '.join(parquet.schema_arrow.names)}); pass --text_field.")
         for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
-            yield from batch.column(0).to_pylist()
+            yield from (text for text in batch.column(0).to_pylist() if text is not None)
 
 
 def _field(record: dict, text_field: str, where: str) -> str:
@@ -267,7 +266,7 @@ def fineweb(
     """FineWeb from the hub, or the same layout from local parquet files (`data_files`).
 
     `data_files` (a glob, a folder, or a list) replaces the hub: use it for a copy of FineWeb on a
-    cluster's file system. About 100M GPT-2 tokens per train shard with the default shard size.
+    cluster's file system. About 70M GPT-2 tokens per train shard with the default shard size.
     """
     try:
         import datasets
