@@ -59,3 +59,4 @@ class Enoki(Transformer):
     # tensor-parallel styles per block submodule (see danastar.models.parallelize)
     tp_colwise = ("attn.qkv_proj", "mlp.up_proj")
     tp_rowwise = ("attn.o_proj", "mlp.down_proj")
+    tp_per_head_norms = ("attn.q_norm", "attn.k_norm")

@@ -7,7 +7,8 @@ import re
 
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel,
+                                               SequenceParallel)
 
 WRAPPED = "._checkpoint_wrapped_module"  # the path segment checkpoint_wrapper inserts
 
@@ -29,7 +30,8 @@ def tensor_parallel_plan(model: nn.Module, tp_size: int | None = None) -> dict[s
     Input projections are split by output features (whole heads, whole MLP columns per rank),
     output projections by input features, so each block needs one all-reduce per sublayer.
     The attention reads its local head count from the projection's output size at run time.
-    Embedding, norms and head stay replicated. With ``tp_size``, checks that heads and MLP
+    The per-head q/k norms take their input as sharded along heads. Embedding, the other norms
+    and the head stay replicated. With ``tp_size``, checks that heads and MLP
     hidden units split evenly (ValueError if not).
     """
     config = model.config
@@ -47,6 +49,10 @@ def tensor_parallel_plan(model: nn.Module, tp_size: int | None = None) -> dict[s
             plan[path] = ColwiseParallel()
         elif within_block and within_block[1] in model.tp_rowwise:
             plan[path] = RowwiseParallel()
+        elif within_block and within_block[1] in model.tp_per_head_norms:
+            # the q/k norms see only local heads: their weight becomes a replicated DTensor and
+            # their input one sharded along heads (dim 2), so its gradient is summed over ranks
+            plan[path] = SequenceParallel(sequence_dim=2, use_local_output=True)
     return plan
 
 

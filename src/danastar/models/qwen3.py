@@ -65,3 +65,4 @@ class Qwen3(Transformer):
     tp_colwise = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
                   "mlp.up_proj")
     tp_rowwise = ("self_attn.o_proj", "mlp.down_proj")
+    tp_per_head_norms = ("self_attn.q_norm", "self_attn.k_norm")

@@ -39,6 +39,7 @@ class Transformer(nn.Module):
     # block submodules that tensor parallelism splits by output (colwise) and by input (rowwise)
     tp_colwise: tuple[str, ...] = ()
     tp_rowwise: tuple[str, ...] = ()
+    tp_per_head_norms: tuple[str, ...] = ()  # norms applied per head (weight shared by heads)
 
     @staticmethod
     def make_block(config: ModelConfig) -> nn.Module:
