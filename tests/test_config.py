@@ -99,3 +99,12 @@ def test_impossible_batch_layouts_fail_clearly(layer, world, fragment):
 def test_impossible_values_fail_clearly(layer, fragment):
     with pytest.raises(UserError, match=fragment):
         merge([layer])
+
+
+def test_heads_without_config_plans_from_the_launcher_defaults():
+    config, _ = load_config(["--heads", "12", "--dataset", "fineweb"])
+    defaults = TrainConfig()
+    assert config.train.iterations is None  # the Chinchilla budget of the scaling plan
+    assert (config.train.batch_size, config.train.sequence_length) == (32, 2048)
+    assert (config.optim.grad_clip, config.optim.scheduler, config.train.eval_interval) == (0.5, "cos_inf", 115)
+    assert config.optim == defaults.optim

@@ -3,8 +3,10 @@
 One root `TrainConfig` holds a section per component. `load_config(argv)` parses the command
 line of `danastar train` and returns the merged, validated config:
 
-    defaults (the dataclasses below, i.e. the built-in CPU preset's values where they matter)
-      ← the YAML file given by --config (or configs/cpu_shakespeare.yaml when nothing is given)
+    defaults (the dataclasses below: the paper's launcher defaults)
+      ← the YAML file given by --config; without --config and without --heads, the CPU preset
+        configs/cpu_shakespeare.yaml (so that `danastar train` alone is a few-minute CPU run,
+        while `danastar train --heads 12 ...` plans a paper-style run from the launcher defaults)
       ← command-line flags (the original release's names: --heads, --lr, --batch_size, ...)
       ← dotted `section.key=value` overrides, last.
 
@@ -192,9 +194,12 @@ def preset_path(name_or_path: str) -> Path:
 def load_config(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     """Parse `danastar train` arguments into a merged, validated config (plus the raw namespace)."""
     args = build_parser().parse_intermixed_args(argv)
-    config_file = getattr(args, "config", None) or DEFAULT_PRESET
-    layers = [read_yaml(preset_path(config_file)), flags_to_dict(args), dotted_to_dict(getattr(args, "overrides", []))]
-    return merge(layers), args
+    flags, dotted = flags_to_dict(args), dotted_to_dict(getattr(args, "overrides", []))
+    config_file = getattr(args, "config", None)
+    if config_file is None and "heads" not in flags.get("model", {}) and "heads" not in dotted.get("model", {}):
+        config_file = DEFAULT_PRESET  # no --config and no --heads: the CPU run on Shakespeare
+    layers = [read_yaml(preset_path(config_file))] if config_file else []
+    return merge([*layers, flags, dotted]), args
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

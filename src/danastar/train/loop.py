@@ -32,10 +32,18 @@ from danastar.train.signals import PREEMPTED_EXIT_CODE, PreemptionFlag
 
 
 def train(config: TrainConfig) -> int:
-    # -- processes, data, plan -----------------------------------------------------------------
+    """Run (or resume) the configured training in this process; returns the exit code."""
     env = parallel.setup_distributed(config)
+    with contextlib.ExitStack() as cleanup:  # closes what `run` opens, also when it raises
+        cleanup.callback(parallel.teardown)
+        return run(config, env, cleanup)
+
+
+def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.ExitStack) -> int:
+    # -- data and plan -------------------------------------------------------------------------
     layout = batch_layout(config, env.world_size)
     data = TrainingData.open(config, env, layout)
+    cleanup.callback(data.close)
     plan = make_run_plan(config, data.vocab_size, layout.data_parallel_size)
     iterations, seq_len, acc_steps = plan.iterations, layout.sequence_length, layout.acc_steps
     run_dir = Path(config.logging.run_dir) if config.logging.run_dir else default_run_dir(config)
@@ -68,6 +76,7 @@ def train(config: TrainConfig) -> int:
             set_rng_state(run_state["rng"][env.rank])
     log = RunLogger(run_dir, config, rank=env.rank, world_size=env.world_size, total_steps=iterations,
                     start_step=step, resumed=found is not None)
+    cleanup.callback(log.close)
     if env.is_main:
         save_yaml(config, run_dir / "config.yaml")
         (run_dir / "environment.json").write_text(json_text(environment(env.world_size)))
@@ -79,13 +88,13 @@ def train(config: TrainConfig) -> int:
         log.info(f"resumed from {found.path} at step {step}")
     if step >= iterations:
         log.info(f"this run already finished at step {step}; pass --no_auto_resume or another --run_dir to train again.")
-        log.close()
-        parallel.teardown()
         return 0
 
     autocast = autocast_context(config, env.device)
     peak = peak_flops(env.device, config.train.peak_flops)
     preemption = PreemptionFlag().install()
+    cleanup.callback(preemption.uninstall)
+    cleanup.callback(checkpointer.wait)  # a checkpoint still being copied from $SLURM_TMPDIR
 
     def save(kind: str = "latest") -> None:
         checkpointer.save(step, core, optimizer, {"step": step, "skipped_steps": skipped_total,
@@ -141,7 +150,7 @@ def train(config: TrainConfig) -> int:
                      f"({consecutive_skips} in a row)")
             if consecutive_skips >= config.train.max_nonfinite_steps:
                 raise UserError(f"training diverged: {consecutive_skips} non-finite steps in a row at step "
-                                f"{step + 1}; lower the learning rate (--lr) or raise --grad_clip's strictness.")
+                                f"{step + 1}; lower the learning rate (--lr) or clip harder (a smaller --grad_clip).")
         optimizer.zero_grad(set_to_none=True)
         step += 1
         step_time = time.perf_counter() - started
@@ -162,29 +171,25 @@ def train(config: TrainConfig) -> int:
         elif step % config.train.eval_interval == 0:
             evaluate_and_log()
 
-        if stop_requested:
-            save()
-            log.info(f"{preemption.received.name if preemption.received else 'a stop signal'}: checkpoint saved "
-                     f"at step {step}; exiting with code {PREEMPTED_EXIT_CODE} so the job can be requeued.")
-            exit_code = PREEMPTED_EXIT_CODE
-            break
+        to_run = config.train.iterations_to_run
+        stop_for_chain = bool(to_run) and step - start_step >= to_run and step < iterations
         every, permanent = config.checkpoint.latest_every, config.checkpoint.permanent_every
         if permanent > 0 and step % permanent == 0:
             save("permanent")
-        elif step == iterations or (every > 0 and step % every == 0):
+        elif step == iterations or (every > 0 and step % every == 0) or stop_requested or stop_for_chain:
             save()
-        if config.train.iterations_to_run and step - start_step >= config.train.iterations_to_run and step < iterations:
-            save()
-            log.info(f"stopping after {step - start_step} steps (--iterations_to_run); resume continues at step {step}.")
+        if stop_requested:
+            signal_name = preemption.received.name if preemption.received else "a stop signal on another rank"
+            log.info(f"{signal_name}: checkpoint saved at step {step}; exiting with code {PREEMPTED_EXIT_CODE} "
+                     f"so that the job can be requeued and resumed.")
+            exit_code = PREEMPTED_EXIT_CODE
+            break
+        if stop_for_chain:
+            log.info(f"stopping after {to_run} steps (--iterations_to_run); the next run resumes at step {step}.")
             break
 
     if step == iterations and config.train.sample_tokens > 0:
         log.info("sample:\n" + generate_sample(model, core, data, config, autocast))
-    preemption.uninstall()
-    data.close()
-    checkpointer.wait()
-    log.close()
-    parallel.teardown()
     return exit_code
 
 

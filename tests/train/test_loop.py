@@ -1,0 +1,120 @@
+"""The training command end to end: the default preset, the run directory, dry runs, failures."""
+
+import json
+import math
+
+import pytest
+import yaml
+from train_helpers import TINY, assert_ok, metrics, run_train
+
+from danastar import scaling
+from danastar.cli import main as danastar_main
+from danastar.config import load_config
+from danastar.errors import UserError
+from danastar.train import loop
+
+RUN = ("--iterations", "40", "checkpoint.latest_every=3")  # the resume tests' reference run
+
+
+def dry_run(capsys, *argv):
+    assert danastar_main(["train", *argv, "--dry_run"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_default_preset_shortened_learns_shakespeare_and_samples(tmp_path):
+    result = run_train_preset(tmp_path, "--iterations", "60", "train.eval_interval=30", "train.final_eval_batches=8")
+    assert_ok(result)
+    logged = metrics(tmp_path / "run")
+    evaluations = [m for m in logged if "val_loss" in m]
+    assert [m["step"] for m in evaluations] == [0, 30, 60] and evaluations[-1]["final"]
+    assert evaluations[0]["val_loss"] > evaluations[-1]["val_loss"] + 1.5  # learning, clearly
+    assert "final validation loss" in result.stdout and "sample:" in result.stdout
+
+
+def run_train_preset(tmp_path, *args):
+    """The preset as `danastar train` runs it (no TINY overrides), in a fresh run directory."""
+    import subprocess
+    import sys
+
+    from train_helpers import environment
+
+    return subprocess.run([sys.executable, "-m", "danastar", "train", *args, "--run_dir", str(tmp_path / "run")],
+                          env=environment(), capture_output=True, text=True, timeout=600)
+
+
+def test_run_directory_holds_config_environment_logs_and_metrics(reference_runs):
+    run_dir = reference_runs(RUN)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["train"]["iterations"] == 40 and config["data"]["dataset"] == "synthetic"
+    environment = json.loads((run_dir / "environment.json").read_text())
+    assert {"git_revision", "git_dirty", "torch", "python", "world_size"} <= set(environment)
+    assert json.loads((run_dir / "plan.json").read_text())["plan"]["iterations"] == 40
+    assert "run directory" in (run_dir / "logs" / "rank0.log").read_text()
+    logged = metrics(run_dir)
+    assert logged[0]["step"] == 0 and logged[0]["loss/init"] == logged[0]["val_loss"]
+    assert abs(logged[0]["val_loss"] - math.log(512)) < 1.0  # near uniform over the vocabulary at init
+    train_lines = [m for m in logged if "train_loss" in m]
+    assert [m["step"] for m in train_lines] == list(range(1, 41))
+    for key in ("lr", "grad_norm", "tokens", "tokens_per_s", "step_time", "mfu", "optim/momentum_norm"):
+        assert key in train_lines[-1], key
+    assert train_lines[-1]["tokens"] == 40 * 4 * 2 * 32
+    assert train_lines[-1]["train_loss"] < train_lines[0]["train_loss"]
+
+
+def test_a_finished_run_is_not_trained_again(tmp_path, reference_runs):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_runs(RUN), run_dir)
+    result = run_train(list(RUN), run_dir)
+    assert_ok(result)
+    assert "already finished at step 40" in result.stdout
+
+
+def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(loop, "clip_grad_norm", lambda model, max_norm: float("nan"))
+    updates = []
+    real_build = loop.build_optimizer
+
+    def counting_build(*args, **kwargs):
+        optimizer = real_build(*args, **kwargs)
+        optimizer.step = lambda *a, **k: updates.append(1)
+        return optimizer
+
+    monkeypatch.setattr(loop, "build_optimizer", counting_build)
+    config, _ = load_config([*TINY, "--iterations", "20", "train.max_nonfinite_steps=3", "--run_dir", str(tmp_path)])
+    with pytest.raises(UserError, match="3 non-finite steps in a row"):
+        loop.train(config)
+    skipped = [m["skipped_steps"] for m in metrics(tmp_path) if "skipped_steps" in m]
+    assert skipped == [1, 2]  # logged every step; the third one stops the run
+    assert updates == []  # a non-finite step never reaches the optimizer
+
+
+def test_dry_run_prints_the_scaling_plan_and_the_batch_layout(capsys):
+    printed = dry_run(capsys, "--arch", "enoki", "--opt", "adana", "--heads", "12", "--dataset", "fineweb",
+                      "--batch_size", "32", "--acc_steps", "1", "--sequence_length", "2048", "--nproc", "4")
+    expected = scaling.make_plan("enoki", "adana", 12, batch_size=32, acc_steps=1, seq_len=2048,
+                                 vocab_size=50257, world_size=4)
+    assert printed["plan"] == json.loads(json.dumps(expected.to_dict()))
+    assert printed["plan"]["padded_vocab_size"] == 50304
+    assert printed["batch_layout"]["micro_batch_per_rank"] == 8 and printed["batch_layout"]["world_size"] == 4
+    assert printed["batch_layout"]["tokens_per_step"] == 32 * 2048
+
+
+def test_dry_run_explicit_flags_override_the_plan(capsys):
+    printed = dry_run(capsys, "--heads", "6", "--dataset", "fineweb", "--lr", "1e-3", "--iterations", "500",
+                      "--warmup_steps", "7")
+    assert (printed["plan"]["lr"], printed["plan"]["iterations"], printed["plan"]["warmup_steps"]) == (1e-3, 500, 7)
+    assert printed["plan"]["n_embd"] == 6 * 64
+
+
+def test_impossible_batch_layout_is_one_sentence_and_exit_2(capsys):
+    assert danastar_main(["train", "--batch_size", "6", "--nproc", "4", "--dry_run"]) == 2
+    error = capsys.readouterr().err
+    assert "does not split over 4 data-parallel ranks" in error and error.count("\n") == 1
+
+
+def test_unknown_key_is_one_sentence_and_exit_2(capsys):
+    assert danastar_main(["train", "train.sed=3"]) == 2
+    assert "did you mean 'train.seed'" in capsys.readouterr().err
