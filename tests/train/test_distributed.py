@@ -29,8 +29,6 @@ def test_two_processes_match_one(tmp_path, reference_runs, layout, rel):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="danastar.models.parallelize leaves the per-head q/k norm weights as plain "
-                   "replicated tensors; under TP each rank sees only its heads, so their gradients are partial sums")
 def test_tensor_parallel_with_fsdp_matches_one_process(tmp_path, reference_runs):
     run_dir = tmp_path / "run"
     assert_ok(run_train([*RUN, "--distributed_backend", "fsdp", "parallel.tp_size=2"], run_dir, torchrun=2))
