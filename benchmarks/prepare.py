@@ -3,8 +3,9 @@
     python benchmarks/prepare.py [--repeats 3] [--copies 4] [--steps 60]
 
 1. Preparation: tokens/s of `prepare_source` on a local .jsonl corpus (the Shakespeare works,
-   `--copies` times) with the Shakespeare BPE, with 1 worker and with one per core; per core and
-   in total (medians of `--repeats`). Also the first-time Shakespeare preparation, end to end.
+   `--copies` times) with the Shakespeare BPE, with 1 worker and with one per core: in total (per
+   wall-clock second) and per core (per CPU-second of all processes), medians of `--repeats`.
+   Also the first-time Shakespeare preparation, end to end (download cached, BPE training included).
 2. Loader: time a training step of the CPU default run (configs/cpu_shakespeare.yaml: model,
    micro-batch, sequence length) spends blocked in `TrainLoader.get` (prefetching, as in training),
    and the time to assemble one batch without prefetching, both relative to the step.
@@ -19,6 +20,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import statistics
 import tempfile
 import time
@@ -35,13 +37,15 @@ from danastar.data.sources import download_shakespeare, shakespeare_documents
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def median_time(function, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def timed(function) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process and its finished children) of one call."""
+    def cpu() -> float:
+        return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                     resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+    wall, start = time.perf_counter(), cpu()
+    function()
+    return time.perf_counter() - wall, cpu() - start
 
 
 def preparation(scratch: Path, repeats: int, copies: int) -> dict:
@@ -69,10 +73,12 @@ def preparation(scratch: Path, repeats: int, copies: int) -> dict:
                                   workers=workers, val_fraction=0.1, progress=False)
             tokens["count"] = meta["train_tokens"] + meta["val_tokens"]
 
-        seconds = median_time(run, repeats)
-        results["runs"].append({"workers": workers, "seconds": seconds, "tokens": tokens["count"],
-                                "tokens_per_s": tokens["count"] / seconds,
-                                "tokens_per_s_per_worker": tokens["count"] / seconds / workers})
+        times = [timed(run) for _ in range(repeats)]
+        wall, cpu = statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+        # Per core: tokens per CPU-second of all the processes involved, which does not depend on
+        # how many cores other users of a shared machine leave free; in total: per wall second.
+        results["runs"].append({"workers": workers, "wall_s": wall, "cpu_s": cpu, "tokens": tokens["count"],
+                                "tokens_per_s": tokens["count"] / wall, "tokens_per_cpu_s": tokens["count"] / cpu})
     return results
 
 
@@ -106,7 +112,7 @@ def loader_cost(scratch: Path, steps: int) -> dict:
                 waits.append(got - start)
                 totals.append(end - start)
     with TrainLoader(data, seq_len=seq, micro_batch_size=batch, acc_steps=1, seed=0, prefetch=False) as loader:
-        assemble = [median_time(lambda s=s: loader.get(s), 1) for s in range(steps)]
+        assemble = [timed(lambda s=s: loader.get(s))[0] for s in range(steps)]
     step_s = statistics.median(totals)
     return {"model": f"{config.arch} heads={preset['model']['heads']} ({sum(p.numel() for p in model.parameters()):,} parameters)",
             "micro_batch": batch, "seq_len": seq, "optimizer": preset["optim"]["name"], "threads": torch.get_num_threads(),
@@ -126,7 +132,8 @@ def main() -> None:
         loader = loader_cost(Path(scratch), args.steps)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"processor": _cpu_name(), "cores": len(os.sched_getaffinity(0)), "platform": platform.platform()},
+        "machine": {"processor": _cpu_name(), "cores": len(os.sched_getaffinity(0)), "platform": platform.platform(),
+                    "load_average_at_end": os.getloadavg()},
         "versions": {name: version(name) for name in ("danastar", "torch", "numpy", "tokenizers", "tiktoken")},
         "preparation": prep,
         "loader": loader,

@@ -221,7 +221,7 @@ class TrainLoader:
             if epoch not in self._epoch_cache:
                 rng, offset = self._epoch_offset(epoch)
                 counts = self._windows_per_shard(offset)
-                if len(self._epoch_cache) >= 2:  # a batch spans at most two epochs
+                if len(self._epoch_cache) >= 2:  # a batch rarely spans more than two epochs
                     self._epoch_cache.pop(min(self._epoch_cache))
                 self._epoch_cache[epoch] = offset, np.concatenate([[0], np.cumsum(counts)]), rng.permutation(int(counts.sum()))
             return self._epoch_cache[epoch]
