@@ -17,6 +17,7 @@ tensors.
 
 from __future__ import annotations
 
+import types
 import warnings
 from collections.abc import Callable
 from itertools import chain
@@ -72,7 +73,20 @@ def compiled_available() -> bool:
     return is_dynamo_supported()
 
 
-_run_per_tensor_compiled = torch.compile(run_per_tensor, fullgraph=True, dynamic=False)
+def compile_per_tensor_runner() -> Callable:
+    """A compiled copy of `run_per_tensor` with a code object of its own.
+
+    Dynamo keeps its cache, and its recompile limit, per code object; one copy per optimizer
+    keeps optimizers (and their groups of different shapes) from evicting each other.
+    """
+    code = run_per_tensor.__code__.replace()  # an equal but distinct code object
+    copy = types.FunctionType(code, run_per_tensor.__globals__, run_per_tensor.__name__)
+    return torch.compile(copy, fullgraph=True, dynamic=False)
+
+
+# On CPU a compile costs tens of seconds; below this many elements per group the foreach path
+# finishes a short run sooner, above it the compiled kernel (one pass over memory) wins.
+CPU_COMPILE_MIN_ELEMENTS = 2**21
 
 
 def check_impl(impl: str | None, supported: tuple[str, ...]) -> None:
@@ -94,8 +108,8 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     ``update``) and optionally ``foreach_update`` (the same math over lists, one step count).
     """
 
-    buffer_names: tuple[str, ...] = ()
-    update: Callable = staticmethod(lambda *args, **kwargs: None)
+    buffer_names: tuple[str, ...]
+    update: Callable
     foreach_update: Callable | None = None
 
     def __init__(self, params, defaults: dict, impl: str | None = None):
@@ -120,13 +134,15 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     def hyperparameters(self, group: dict) -> dict:
         raise NotImplementedError
 
-    def resolve_impl(self, device: torch.device) -> str:
-        """The path to run: the user's choice, else compiled on accelerators and foreach on CPU
-        (where compiling costs more start-up time than it saves on small models)."""
+    def resolve_impl(self, params: list[torch.Tensor]) -> str:
+        """The path to run: the user's choice, else compiled, except for small groups on CPU
+        (where compiling costs more start-up time than it saves)."""
         impl = self.impl
         if impl is None:
-            fast = "compiled" if device.type != "cpu" else "foreach"
-            impl = fast if fast in self.supported_impls() else "reference"
+            small = sum(p.numel() for p in params) < CPU_COMPILE_MIN_ELEMENTS
+            impl = "compiled"
+            if params[0].device.type == "cpu" and small:
+                impl = "foreach" if self.foreach_update is not None else "reference"
         if impl == "compiled" and not compiled_available():
             impl = "foreach" if self.foreach_update is not None else "reference"
         return impl
@@ -172,7 +188,7 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     def _update_group(self, group, params, grads, buffers, steps):
         hyperparameters = self.hyperparameters(group)
         lr, factor = float(group["lr"]), schedule_factor(group)
-        impl = self.resolve_impl(params[0].device)
+        impl = self.resolve_impl(params)
         if impl == "foreach":
             self._foreach(params, grads, buffers, steps, lr, factor, hyperparameters)
             return
@@ -183,8 +199,12 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         if impl == "reference":
             run_per_tensor(*args)
             return
+        if getattr(self, "_compiled_runner", None) is None:
+            self._compiled_runner = compile_per_tensor_runner()
         try:
-            _run_per_tensor_compiled(*args)
+            # Each group compiles once (and once more per pattern of None grads).
+            with torch._dynamo.config.patch(recompile_limit=8 + 2 * len(self.param_groups)):
+                self._compiled_runner(*args)
         except Exception as error:  # compilation failed (no compiler, unsupported platform)
             if self.impl == "compiled" or getattr(self, "_compile_worked", False):
                 raise
