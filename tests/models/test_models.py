@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from danastar import scaling
 from danastar.models import LossOutput, ModelConfig, build_model
-from danastar.models.layers import apply_rope, rope_tables
+from danastar.models.layers import apply_rope, rope_frequencies
 
 from model_fixtures import VOCAB, tiny_config, tiny_model
 
@@ -181,9 +181,9 @@ def test_flops_per_token(arch):
 
 
 def test_rope_rotates_interleaved_pairs():
-    cos, sin = rope_tables(head_dim=4, max_seq_len=3, theta=10000.0)
+    frequencies = rope_frequencies(head_dim=4, max_seq_len=3, theta=10000.0)
     x = torch.randn(1, 3, 1, 4)
-    out = apply_rope(x, cos, sin)
+    out = apply_rope(x, frequencies)
     for pos in range(3):
         for i in range(2):
             angle = pos * 10000.0 ** (-2 * i / 4)
@@ -199,14 +199,14 @@ def test_qwen3_gate_multiplies_each_head_output():
     model = tiny_model("qwen3")
     attention = model.blocks[0].self_attn
     x = torch.randn(1, 8, 32)
-    rope = (model.rope_cos[:8], model.rope_sin[:8])
+    rope = model.rope[:8]
     with torch.no_grad():
         query_and_gate = attention.q_proj(x).view(1, 8, 2, 32)
         q, gate = query_and_gate[..., :16], query_and_gate[..., 16:]
         k = attention.k_proj(x).view(1, 8, 2, 16)
         v = attention.v_proj(x).view(1, 8, 2, 16)
-        q = apply_rope(attention.q_norm(q), *rope).transpose(1, 2)
-        k = apply_rope(attention.k_norm(k), *rope).transpose(1, 2)
+        q = apply_rope(attention.q_norm(q), rope).transpose(1, 2)
+        k = apply_rope(attention.k_norm(k), rope).transpose(1, 2)
         heads = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True)
         expected = attention.o_proj((heads.transpose(1, 2) * torch.sigmoid(gate)).flatten(2))
         torch.testing.assert_close(attention(x, rope), expected)

@@ -26,14 +26,14 @@ class EnokiAttention(nn.Module):
         self.q_norm = layer_norm(config.head_dim, config.norm_eps)
         self.k_norm = layer_norm(config.head_dim, config.norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, rope: torch.Tensor,
                 cache: KVCache | None = None, pos: int = 0) -> torch.Tensor:
         batch, seq_len, _ = x.shape
         # the head count is read from the projection's output, so tensor parallelism works
         qkv = self.qkv_proj(x).view(batch, seq_len, -1, 3, self.head_dim)
         q, k, v = qkv.unbind(dim=3)
-        q = apply_rope(self.q_norm(q), *rope)
-        k = apply_rope(self.k_norm(k), *rope)
+        q = apply_rope(self.q_norm(q), rope)
+        k = apply_rope(self.k_norm(k), rope)
         out = causal_attention(q, k, v, cache, pos)
         return self.o_proj(out.flatten(2))
 
@@ -48,8 +48,8 @@ class EnokiBlock(nn.Module):
         self.mlp = GeluMLP(config.n_embd, config.mlp_hidden)
 
     def forward(self, x, rope, cache=None, pos=0):
-        x = x + self.residual_scale * self.attn(self.attn_norm(x), rope, cache, pos)
-        return x + self.residual_scale * self.mlp(self.mlp_norm(x))
+        x = x.add(self.attn(self.attn_norm(x), rope, cache, pos), alpha=self.residual_scale)
+        return x.add(self.mlp(self.mlp_norm(x)), alpha=self.residual_scale)
 
 
 class Enoki(Transformer):

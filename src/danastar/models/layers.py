@@ -29,25 +29,23 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float,
-                device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of pos·θ^(−2i/hd) for pos < max_seq_len, i < hd/2; float32, (T, hd/2)."""
+def rope_frequencies(head_dim: int, max_seq_len: int, theta: float,
+                     device: torch.device | None = None) -> torch.Tensor:
+    """e^(i·pos·θ^(−2i/hd)) for pos < max_seq_len, i < hd/2: float32 (T, hd/2, 2), the real
+    view of the complex numbers (real buffers are safe to broadcast and to move across devices)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
-    inv_freq = theta ** -exponents
     positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
-    angles = torch.outer(positions, inv_freq)
-    return angles.cos(), angles.sin()
+    angles = torch.outer(positions, theta ** -exponents)
+    return torch.view_as_real(torch.polar(torch.ones_like(angles), angles))
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (2i, 2i+1) of x (B, T, H, hd) by the angles in cos/sin (T, hd/2).
-
-    Computed in float32; the result has x's dtype.
-    """
-    pairs = x.float().unflatten(-1, (-1, 2))
-    even, odd = pairs[..., 0], pairs[..., 1]
-    cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
-    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+def apply_rope(x: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (2i, 2i+1) of x (B, T, H, hd) by ``frequencies`` (T, hd/2, 2,
+    from ``rope_frequencies``): each pair, as a complex number, is multiplied by e^(i·angle),
+    in float32. The result has x's dtype."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    rotation = torch.view_as_complex(frequencies)[:, None, :]  # broadcast over heads
+    rotated = torch.view_as_real(pairs * rotation)
     return rotated.flatten(-2).to(x.dtype)
 
 

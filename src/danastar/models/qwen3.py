@@ -30,15 +30,15 @@ class Qwen3Attention(nn.Module):
         self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, rope: torch.Tensor,
                 cache: KVCache | None = None, pos: int = 0) -> torch.Tensor:
         batch, seq_len, _ = x.shape
         # head counts come from the projections' outputs, so tensor parallelism works
         q, gate = self.q_proj(x).view(batch, seq_len, -1, 2 * self.head_dim).chunk(2, dim=-1)
         k = self.k_proj(x).view(batch, seq_len, -1, self.head_dim)
         v = self.v_proj(x).view(batch, seq_len, -1, self.head_dim)
-        q = apply_rope(self.q_norm(q), *rope)
-        k = apply_rope(self.k_norm(k), *rope)
+        q = apply_rope(self.q_norm(q), rope)
+        k = apply_rope(self.k_norm(k), rope)
         out = causal_attention(q, k, v, cache, pos) * torch.sigmoid(gate)
         return self.o_proj(out.flatten(2))
 
@@ -53,8 +53,9 @@ class Qwen3Block(nn.Module):
         self.mlp = SwiGLU(config.n_embd, config.mlp_hidden)
 
     def forward(self, x, rope, cache=None, pos=0):
-        x = x + self.residual_scale * self.self_attn(self.input_layernorm(x), rope, cache, pos)
-        return x + self.residual_scale * self.mlp(self.post_attention_layernorm(x))
+        x = x.add(self.self_attn(self.input_layernorm(x), rope, cache, pos),
+                  alpha=self.residual_scale)
+        return x.add(self.mlp(self.post_attention_layernorm(x)), alpha=self.residual_scale)
 
 
 class Qwen3(Transformer):

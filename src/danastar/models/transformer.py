@@ -14,7 +14,7 @@ from torch import nn
 
 from danastar import scaling
 from danastar.models.config import ModelConfig
-from danastar.models.layers import KVCache, RMSNorm, rope_tables
+from danastar.models.layers import KVCache, RMSNorm, rope_frequencies
 from danastar.models.loss import LossOutput, chunked_cross_entropy
 
 
@@ -29,9 +29,8 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, vocab, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope", rope_frequencies(config.head_dim, config.max_seq_len,
+                                                      config.rope_theta), persistent=False)
         self.init_weights()
 
     # -- supplied by each architecture --------------------------------------------------------
@@ -73,10 +72,8 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.weight, std=config.n_embd ** -0.5 if scaled else 0.02)
             elif isinstance(module, (nn.LayerNorm, RMSNorm)):
                 module.reset_parameters()
-        cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta,
-                               device=self.rope_cos.device)
-        self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
+        self.rope.copy_(rope_frequencies(config.head_dim, config.max_seq_len, config.rope_theta,
+                                         device=self.rope.device))
 
     # -- forward ------------------------------------------------------------------------------
 
@@ -87,7 +84,7 @@ class Transformer(nn.Module):
         if pos + seq_len > self.config.max_seq_len:
             raise ValueError(f"sequence of {pos + seq_len} tokens exceeds max_seq_len "
                              f"{self.config.max_seq_len}")
-        rope = (self.rope_cos[pos:pos + seq_len], self.rope_sin[pos:pos + seq_len])
+        rope = self.rope[pos:pos + seq_len]
         x = self.embed(idx)
         for i, block in enumerate(self.blocks):
             x = block(x, rope, None if caches is None else caches[i], pos)

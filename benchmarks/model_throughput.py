@@ -1,0 +1,217 @@
+"""Forward + backward throughput of Enoki and Qwen3 against the same models written the plain
+nanoGPT way, measured in the same run.
+
+The plain versions below compute the same function (same shapes, norms, RoPE, gate, loss) the
+straightforward way: one module per idea, llama-style complex RoPE, and the loss from the full
+(B, T, V) logits with F.cross_entropy. Iterations alternate between the two implementations so
+that a shared, noisy machine slows both alike; the medians are reported.
+
+    python benchmarks/model_throughput.py                      # CPU-sized models, fp32
+    python benchmarks/model_throughput.py --device cuda        # 124M-class, bf16 + compile
+
+Writes benchmarks/results/model_throughput-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from danastar.models import ModelConfig, build_model
+
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense, per GPU
+
+
+# -- the plain nanoGPT-style reference ---------------------------------------------------------
+
+
+class PlainAttention(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.c = c
+        inner = c.n_head * c.head_dim
+        norm = nn.LayerNorm if c.arch == "enoki" else nn.RMSNorm
+        self.q_norm, self.k_norm = norm(c.head_dim, eps=c.norm_eps), norm(c.head_dim, eps=c.norm_eps)
+        if c.arch == "enoki":
+            self.c_attn = nn.Linear(c.n_embd, 3 * inner, bias=False)
+        else:
+            self.q_proj = nn.Linear(c.n_embd, 2 * inner, bias=False)  # queries and gates
+            self.k_proj = nn.Linear(c.n_embd, inner, bias=False)
+            self.v_proj = nn.Linear(c.n_embd, inner, bias=False)
+        self.c_proj = nn.Linear(inner, c.n_embd, bias=False)
+
+    def forward(self, x, freqs_cis):
+        B, T, _ = x.shape
+        H, hd = self.c.n_head, self.c.head_dim
+        if self.c.arch == "enoki":
+            q, k, v = self.c_attn(x).view(B, T, H, 3, hd).unbind(3)
+            gate = None
+        else:
+            q, gate = self.q_proj(x).view(B, T, H, 2 * hd).chunk(2, dim=-1)
+            k, v = self.k_proj(x).view(B, T, H, hd), self.v_proj(x).view(B, T, H, hd)
+        q, k = rotate(self.q_norm(q), freqs_cis), rotate(self.k_norm(k), freqs_cis)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True).transpose(1, 2)
+        if gate is not None:
+            y = y * torch.sigmoid(gate)
+        return self.c_proj(y.reshape(B, T, H * hd))
+
+
+def rotate(x, freqs_cis):
+    """llama's RoPE: interleaved pairs as complex numbers."""
+    x_complex = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(x_complex * freqs_cis[:, None, :]).flatten(3).type_as(x)
+
+
+class PlainBlock(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        norm = nn.LayerNorm if c.arch == "enoki" else nn.RMSNorm
+        kwargs = dict(bias=False) if c.arch == "enoki" else {}
+        self.ln_1, self.ln_2 = norm(c.n_embd, eps=c.norm_eps, **kwargs), norm(c.n_embd, eps=c.norm_eps, **kwargs)
+        self.attn = PlainAttention(c)
+        self.gelu = c.arch == "enoki"
+        self.c_fc = nn.Linear(c.n_embd, c.mlp_hidden if self.gelu else 2 * c.mlp_hidden, bias=False)
+        self.c_proj = nn.Linear(c.mlp_hidden, c.n_embd, bias=False)
+
+    def forward(self, x, freqs_cis):
+        x = x + self.attn(self.ln_1(x), freqs_cis)
+        h = self.c_fc(self.ln_2(x))
+        if self.gelu:
+            h = F.gelu(h)
+        else:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        return x + self.c_proj(h)
+
+
+class PlainGPT(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.c = c
+        self.wte = nn.Embedding(c.padded_vocab_size, c.n_embd)
+        self.h = nn.ModuleList(PlainBlock(c) for _ in range(c.n_layer))
+        norm = nn.LayerNorm if c.arch == "enoki" else nn.RMSNorm
+        self.ln_f = norm(c.n_embd, eps=c.norm_eps, **(dict(bias=False) if c.arch == "enoki" else {}))
+        self.lm_head = nn.Linear(c.n_embd, c.padded_vocab_size, bias=False)
+        freqs = 1.0 / c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim)
+        angles = torch.outer(torch.arange(c.max_seq_len).float(), freqs)
+        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles))
+
+    def forward(self, idx, targets):
+        x = self.wte(idx)
+        freqs_cis = self.freqs_cis[:idx.shape[1]]
+        for block in self.h:
+            x = block(x, freqs_cis)
+        logits = self.lm_head(self.ln_f(x)).float()
+        ce = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return ce + self.c.z_loss * torch.logsumexp(logits, dim=-1).square().mean()
+
+
+# -- measurement -------------------------------------------------------------------------------
+
+
+def step_seconds(model, idx, targets, autocast, danastar_api: bool) -> float:
+    """Wall time of one forward + backward."""
+    synchronize(idx.device)
+    start = time.perf_counter()
+    with autocast:
+        out = model(idx, targets)
+    (out.loss if danastar_api else out).backward()
+    synchronize(idx.device)
+    return time.perf_counter() - start
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None  # no meaningful peak for a shared CPU
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: torch.device,
+            bf16: bool, compile_: bool) -> dict:
+    torch.manual_seed(0)
+    ours = build_model(config).to(device)
+    plain = PlainGPT(config).to(device)
+    if compile_:
+        ours.compile()
+        plain.compile()
+    idx = torch.randint(0, config.vocab_size, (batch, config.max_seq_len), device=device)
+    targets = torch.roll(idx, -1, dims=1)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+    times = {"danastar": [], "nanogpt_style": []}
+    for i in range(warmup + steps):  # alternate, so machine noise hits both alike
+        for name, model in (("danastar", ours), ("nanogpt_style", plain)):
+            model.zero_grad(set_to_none=True)
+            seconds = step_seconds(model, idx, targets, autocast, name == "danastar")
+            if i >= warmup:
+                times[name].append(seconds)
+    tokens = batch * config.max_seq_len
+    flops_per_token = ours.flops_per_token(config.max_seq_len)
+    peak = peak_flops(device)
+    result = {"config": config.to_dict(), "batch": batch, "params": ours.num_params(),
+              "flops_per_token": flops_per_token}
+    for name, values in times.items():
+        median = statistics.median(values)
+        result[name] = {
+            "median_step_s": median, "min_step_s": min(values), "max_step_s": max(values),
+            "tokens_per_s": tokens / median,
+            "mfu": flops_per_token * tokens / median / peak if peak else None,
+        }
+    result["speedup"] = result["danastar"]["tokens_per_s"] / result["nanogpt_style"]["tokens_per_s"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--output", default=None, help="JSON path (default benchmarks/results/...)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    gpu = device.type == "cuda"
+    # CPU: models with ladder head sizes but few layers; GPU: the 124M class (Enoki h 12 / Qwen3 h 4)
+    if gpu:
+        setups = [("enoki", 12, dict()), ("qwen3", 4, dict())]
+        batch, seq_len, steps = 16, 1024, args.steps or 20
+    else:
+        setups = [("enoki", 3, dict()), ("qwen3", 2, dict(n_layer=2))]
+        batch, seq_len, steps = 4, 256, args.steps or 10
+    results = []
+    for arch, heads, overrides in setups:
+        config = ModelConfig.from_heads(arch, heads, vocab_size=50257, max_seq_len=seq_len, **overrides)
+        result = measure(config, batch, steps, args.warmup, device, bf16=gpu, compile_=gpu)
+        result.update(arch=arch, heads=heads)
+        results.append(result)
+        print(f"{arch} h{heads} ({result['params'] / 1e6:.1f}M): danastar "
+              f"{result['danastar']['tokens_per_s']:,.0f} tok/s, nanoGPT-style "
+              f"{result['nanogpt_style']['tokens_per_s']:,.0f} tok/s, ratio {result['speedup']:.3f}")
+    machine = torch.cuda.get_device_name(device) if gpu else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    report = {"benchmark": "model_throughput", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "device": args.device, "machine": machine, "torch": torch.__version__,
+              "precision": "bf16 autocast + torch.compile" if gpu else "fp32 eager",
+              "batch": batch, "seq_len": seq_len, "steps": steps, "results": results}
+    path = Path(args.output or Path(__file__).parent / "results" / f"model_throughput-{device.type}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
