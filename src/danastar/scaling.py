@@ -320,5 +320,5 @@ if __name__ == "__main__":  # python -m danastar.scaling: the ladders in docs/mo
     for arch, opt, ladder in (("enoki", "adamw", [3, 4, 6, 8, 12, 16, 24, 32, 40]),
                               ("enoki", "adana", [3, 4, 6, 8, 12, 16, 24, 32, 40]),
                               ("qwen3", "dana-star-mk4", [2, 3, 4, 6, 8, 12, 16])):
-        print(f"\n{arch}, {opt}, κ 0.85, batch 32 × 2048, GPT-2 vocabulary\n")
+        print(f"\n{arch}, {opt} (κ 0.85 where it applies), batch 32 × 2048, GPT-2 vocabulary\n")
         print(ladder_table(arch, opt, ladder))
