@@ -3,7 +3,8 @@ nanoGPT way, measured in the same run.
 
 The plain versions below compute the same function (same shapes, norms, RoPE, gate, loss) the
 straightforward way: one module per idea, llama-style complex RoPE, and the loss from the full
-(B, T, V) logits with F.cross_entropy. Iterations alternate between the two implementations so
+(B, T, V) logits with F.cross_entropy; loaded with danastar's weights it must give the same
+loss. Iterations alternate between the two implementations so
 that a shared, noisy machine slows both alike; the medians are reported.
 
     python benchmarks/model_throughput.py                      # CPU-sized models, fp32
@@ -117,6 +118,30 @@ class PlainGPT(nn.Module):
         return ce + self.c.z_loss * torch.logsumexp(logits, dim=-1).square().mean()
 
 
+def copy_weights(plain: PlainGPT, ours: nn.Module) -> None:
+    """Give the plain model danastar's weights, to check the two compute the same function."""
+    pairs = [(plain.wte, ours.embed), (plain.ln_f, ours.norm), (plain.lm_head, ours.lm_head)]
+    for mine, block in zip(plain.h, ours.blocks):
+        if plain.c.arch == "enoki":
+            attn, norms, mlp = block.attn, (block.attn_norm, block.mlp_norm), block.mlp
+            pairs.append((mine.attn.c_attn, attn.qkv_proj))
+            up = mlp.up_proj.weight
+        else:
+            attn, mlp = block.self_attn, block.mlp
+            norms = (block.input_layernorm, block.post_attention_layernorm)
+            pairs += [(mine.attn.q_proj, attn.q_proj), (mine.attn.k_proj, attn.k_proj),
+                      (mine.attn.v_proj, attn.v_proj)]
+            up = torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight))
+        pairs += [(mine.ln_1, norms[0]), (mine.ln_2, norms[1]), (mine.attn.q_norm, attn.q_norm),
+                  (mine.attn.k_norm, attn.k_norm), (mine.attn.c_proj, attn.o_proj),
+                  (mine.c_proj, mlp.down_proj)]
+        with torch.no_grad():
+            mine.c_fc.weight.copy_(up)
+    with torch.no_grad():
+        for target, source in pairs:
+            target.weight.copy_(source.weight)
+
+
 # -- measurement -------------------------------------------------------------------------------
 
 
@@ -148,11 +173,16 @@ def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: to
     torch.manual_seed(0)
     ours = build_model(config).to(device)
     plain = PlainGPT(config).to(device)
+    idx = torch.randint(0, config.vocab_size, (batch, config.max_seq_len), device=device)
+    targets = torch.roll(idx, -1, dims=1)
+    copy_weights(plain, ours)
+    with torch.no_grad():  # the comparison is only fair if both compute the same loss
+        same = torch.allclose(ours(idx, targets).loss, plain(idx, targets), rtol=1e-4)
+    if not same:
+        raise AssertionError("the reference model does not compute the same loss as danastar's")
     if compile_:
         ours.compile()
         plain.compile()
-    idx = torch.randint(0, config.vocab_size, (batch, config.max_seq_len), device=device)
-    targets = torch.roll(idx, -1, dims=1)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
     times = {"danastar": [], "nanogpt_style": []}
     for i in range(warmup + steps):  # alternate, so machine noise hits both alike
