@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from danastar.models.config import ModelConfig
-from danastar.models.layers import GeluMLP, KVCache, apply_rope, causal_attention, layer_norm
+from danastar.models.layers import GeluMLP, KVCache, LayerNorm, apply_rope, causal_attention
 from danastar.models.transformer import Transformer
 
 
@@ -23,8 +23,8 @@ class EnokiAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.n_embd, 3 * inner, bias=False)
         self.o_proj = nn.Linear(inner, config.n_embd, bias=False)
         self.o_proj.is_residual_output = True
-        self.q_norm = layer_norm(config.head_dim, config.norm_eps)
-        self.k_norm = layer_norm(config.head_dim, config.norm_eps)
+        self.q_norm = LayerNorm(config.head_dim, config.norm_eps)
+        self.k_norm = LayerNorm(config.head_dim, config.norm_eps)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor,
                 cache: KVCache | None = None, pos: int = 0) -> torch.Tensor:
@@ -42,9 +42,9 @@ class EnokiBlock(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.residual_scale = config.residual_scale
-        self.attn_norm = layer_norm(config.n_embd, config.norm_eps)
+        self.attn_norm = LayerNorm(config.n_embd, config.norm_eps)
         self.attn = EnokiAttention(config)
-        self.mlp_norm = layer_norm(config.n_embd, config.norm_eps)
+        self.mlp_norm = LayerNorm(config.n_embd, config.norm_eps)
         self.mlp = GeluMLP(config.n_embd, config.mlp_hidden)
 
     def forward(self, x, rope, cache=None, pos=0):
@@ -54,7 +54,7 @@ class EnokiBlock(nn.Module):
 
 class Enoki(Transformer):
     make_block = staticmethod(EnokiBlock)
-    make_norm = staticmethod(layer_norm)
+    make_norm = staticmethod(LayerNorm)
 
     # tensor-parallel styles per block submodule (see danastar.models.parallelize)
     tp_colwise = ("attn.qkv_proj", "mlp.up_proj")

@@ -8,9 +8,16 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def layer_norm(dim: int, eps: float) -> nn.LayerNorm:
-    """LayerNorm with a learnable weight and no bias (autocast already runs it in fp32)."""
-    return nn.LayerNorm(dim, eps=eps, bias=False)
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm with a learnable weight and no bias, computed in float32 whatever the input
+    dtype (CUDA autocast would do so, CPU autocast would not)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__(dim, eps=eps, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), None, self.eps)
+        return out.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
