@@ -152,7 +152,7 @@ FLAGS: dict[str, tuple[str, type, str]] = {
     "log_interval": ("train.log_interval", int, "log training metrics every N steps"),
     "nproc": ("parallel.nproc", int, "processes on this machine (launches torchrun when > 1)"),
     "distributed_backend": ("parallel.backend", str, "auto | single | ddp | fsdp | zero2 | hsdp"),
-    "dataset": ("data.dataset", str, "prepared data: a name (shakespeare, fineweb, synthetic) or a directory"),
+    "dataset": ("data.dataset", str, "a prepared data directory, `shakespeare` (prepared on first use) or `synthetic`"),
     "run_dir": ("logging.run_dir", str, "where the run directory goes"),
 }
 
@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint.latest_every=50. See docs/training.md.",
         argument_default=argparse.SUPPRESS,  # only flags actually given take part in the merge
     )
-    parser.add_argument("--config", help="YAML config file (default: configs/cpu_shakespeare.yaml)")
+    parser.add_argument("--config", help="YAML config file or preset name from configs/ (without --config and --heads: cpu_shakespeare)")
     parser.add_argument("--dry_run", action="store_true", help="print the resolved plan as JSON and exit")
     for flag, (_, kind, help_text) in FLAGS.items():
         parser.add_argument(f"--{flag}", type=kind, help=help_text)

@@ -39,31 +39,27 @@ def dry_run(config: TrainConfig) -> dict:
     """The resolved plan, batch layout and config as JSON-ready data; needs no data on disk."""
     world_size = int(os.environ.get("WORLD_SIZE", config.parallel.nproc))
     layout = batch_layout(config, world_size)
-    vocab_size = planned_vocab_size(config.data.dataset)
+    vocab_size, vocab_from = planned_vocab_size(config.data.dataset)
     plan = make_run_plan(config, vocab_size, layout.data_parallel_size)
     return {"plan": plan.to_dict(), "batch_layout": layout.to_dict(), "dataset": config.data.dataset,
-            "config": config.to_dict()}
+            "vocab_size_from": vocab_from, "config": config.to_dict()}
 
 
-def planned_vocab_size(dataset: str) -> int:
-    """The vocabulary a dataset has, or will have once prepared with its default tokenizer."""
+def planned_vocab_size(dataset: str) -> tuple[int, str]:
+    """(vocabulary size, where it comes from) of a dataset, prepared or not."""
     from danastar.data import prepare, sources
 
     path = Path(dataset).expanduser()
     for directory in (path, prepare.default_data_dir(dataset)):
         if directory.is_dir() and (directory / prepare.META_FILE).is_file():
-            return int(json.loads((directory / prepare.META_FILE).read_text())["vocab_size"])
+            meta = json.loads((directory / prepare.META_FILE).read_text())
+            return int(meta["vocab_size"]), f"{directory / prepare.META_FILE}"
         if directory.is_dir() and (directory / "train.bin").is_file():
-            return GPT2_VOCAB_SIZE  # the original release's raw GPT-2 token files
+            return GPT2_VOCAB_SIZE, "raw GPT-2 train.bin/val.bin"
     if dataset == "synthetic":
         from danastar.train.data import SYNTHETIC_VOCAB_SIZE
 
-        return SYNTHETIC_VOCAB_SIZE
-    if dataset.startswith("fineweb"):
-        return GPT2_VOCAB_SIZE
-    if dataset in sources.SOURCES:  # prepared on first use with a BPE trained on the corpus
-        return sources.Corpus.default_vocab_size
-    from danastar.errors import UserError
-
-    raise UserError(f"dataset {dataset!r} is neither prepared nor a known source; prepare it with "
-                    f"`danastar prepare SOURCE --out DIR` and pass --dataset DIR.")
+        return SYNTHETIC_VOCAB_SIZE, "the synthetic source"
+    if dataset in sources.SOURCES and dataset != "fineweb":
+        return sources.Corpus.default_vocab_size, f"the BPE {dataset} is prepared with on first use"
+    return GPT2_VOCAB_SIZE, "GPT-2 (fineweb's tokenizer; assumed for data not prepared yet)"
