@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from danastar import scaling
 from danastar.models import LossOutput, ModelConfig, build_model
-from danastar.models.layers import apply_rope, rope_frequencies
+from danastar.models.layers import KVCache, apply_rope, rope_frequencies
 
 from model_fixtures import VOCAB, tiny_config, tiny_model
 
@@ -210,3 +210,40 @@ def test_qwen3_gate_multiplies_each_head_output():
         heads = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True)
         expected = attention.o_proj((heads.transpose(1, 2) * torch.sigmoid(gate)).flatten(2))
         torch.testing.assert_close(attention(x, rope), expected)
+
+
+def test_cache_accepts_a_block_of_tokens_after_a_prefix(arch):
+    model = tiny_model(arch).eval()
+    idx = torch.randint(0, VOCAB, (2, 12))
+    caches = [KVCache(12) for _ in model.blocks]
+    with torch.no_grad():
+        model.hidden_states(idx[:, :5], caches, pos=0)
+        continued = model.hidden_states(idx[:, 5:], caches, pos=5)
+        full = model.hidden_states(idx)
+    torch.testing.assert_close(continued, full[:, 5:])
+
+
+def test_model_built_on_meta_device_materialises(arch):
+    config = tiny_config(arch)
+    with torch.device("meta"):
+        model = build_model(config)
+    model.to_empty(device="cpu")
+    model.init_weights()
+    reference = build_model(config)
+    torch.testing.assert_close(model.rope, reference.rope)
+    assert model.embed.weight.std().item() == pytest.approx(reference.embed.weight.std().item(), rel=0.1)
+    idx = torch.randint(0, VOCAB, (1, 8))
+    assert torch.isfinite(model(idx, idx).loss)
+
+
+def test_config_round_trip_and_registry_errors():
+    config = ModelConfig.from_heads("qwen3", 2, vocab_size=1000, max_seq_len=32, init="KarpathyGPT2")
+    assert ModelConfig.from_dict(config.to_dict()) == config
+    assert (config.n_layer, config.n_embd, config.head_dim, config.mlp_hidden) == (4, 256, 128, 768)
+    with pytest.raises(ValueError, match="enoki, qwen3"):
+        build_model("llama", **{k: v for k, v in config.to_dict().items() if k != "arch"})
+    with pytest.raises(ValueError, match="ScaledGPT"):
+        ModelConfig.from_heads("enoki", 2, 100, 16, init="xavier")
+    with pytest.raises(ValueError, match="unknown ModelConfig fields"):
+        ModelConfig.from_dict({**config.to_dict(), "dropout": 0.1})
+    assert build_model(config, n_layer=1).config.n_layer == 1
