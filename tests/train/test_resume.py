@@ -98,3 +98,16 @@ def test_no_auto_resume_starts_afresh(tmp_path, reference_runs):
     shutil.copytree(reference_runs(RUN), run_dir)
     assert_ok(run_train([*RUN, "--no_auto_resume"], run_dir))
     assert metrics(run_dir)[0]["step"] == 0 and compared(run_dir) == compared(reference_runs(RUN))
+
+
+@pytest.mark.slow
+def test_sigusr1_to_the_nproc_launcher_reaches_every_worker(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_train(["--iterations", "100000", "checkpoint.latest_every=-1", "--nproc", "2"], run_dir)
+    wait_for_step(process, run_dir, 3)
+    process.send_signal(signal.SIGUSR1)  # only the launcher; torchrun forwards it to the workers
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == PREEMPTED_EXIT_CODE, output
+    assert "SIGUSR1: checkpoint saved" in output
+    found = Checkpointer(run_dir / "checkpoints", sharded=False).find_latest()
+    assert found is not None and found.step == last_step(run_dir)
