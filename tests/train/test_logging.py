@@ -1,0 +1,45 @@
+import json
+
+import pytest
+
+from danastar.config import merge
+from danastar.errors import UserError
+from danastar.train.logging import RunLogger, read_metrics, truncate_metrics
+
+
+def make_logger(run_dir, resumed=False, start_step=0, **logging_keys):
+    config = merge([{"logging": {"progress": False, **logging_keys}}])
+    return RunLogger(run_dir, config, rank=0, world_size=1, total_steps=10, start_step=start_step, resumed=resumed)
+
+
+def test_metrics_lines_and_rank_log(tmp_path):
+    logger = make_logger(tmp_path)
+    logger.log({"step": 0, "val_loss": 2.5})
+    logger.log({"step": 1, "train_loss": 2.4, "lr": 1e-3})
+    logger.info("hello")
+    logger.close()
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 0, "val_loss": 2.5},
+                                                        {"step": 1, "train_loss": 2.4, "lr": 1e-3}]
+    assert "hello" in (tmp_path / "logs" / "rank0.log").read_text()
+
+
+def test_resume_drops_lines_after_the_checkpoint_and_a_fresh_start_clears(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "train_loss": 1.0}) + "\n" for s in range(8)))
+    truncate_metrics(path, 5)
+    assert [m["step"] for m in read_metrics(path)] == list(range(6))
+    make_logger(tmp_path, resumed=True, start_step=3).close()
+    assert [m["step"] for m in read_metrics(path)] == list(range(4))
+    make_logger(tmp_path, resumed=False).close()
+    assert read_metrics(path) == []
+
+
+@pytest.mark.parametrize("key, package", [("wandb", "wandb"), ("tensorboard", "tensorboard")])
+def test_trackers_are_optional_and_asked_for(tmp_path, key, package):
+    try:
+        __import__(package)
+    except ImportError:
+        with pytest.raises(UserError, match="not installed"):
+            make_logger(tmp_path, **{key: True})
+    else:
+        make_logger(tmp_path, **{key: True}, **({"wandb_offline": True} if key == "wandb" else {})).close()
