@@ -72,7 +72,8 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     if found is not None:
         run_state = checkpointer.load(found, core, optimizer)
         step, skipped_total = run_state["step"], run_state["skipped_steps"]
-        if len(run_state["rng"]) == env.world_size:
+        same_topology = len(run_state["rng"]) == env.world_size  # else the RNG streams cannot be matched
+        if same_topology:
             set_rng_state(run_state["rng"][env.rank])
     log = RunLogger(run_dir, config, rank=env.rank, world_size=env.world_size, total_steps=iterations,
                     start_step=step, resumed=found is not None)
@@ -85,7 +86,8 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
              f"{plan.opt} at peak LR {plan.lr:.3g}, {iterations} steps of {layout.tokens_per_step} tokens, "
              f"{env.world_size} process(es), backend {env.backend}, device {env.device}")
     if found is not None:
-        log.info(f"resumed from {found.path} at step {step}")
+        log.info(f"resumed from {found.path} at step {step}" + ("" if same_topology else
+                 f" (saved by {len(run_state['rng'])} processes: RNG states not restored, losses will differ slightly)"))
     if step >= iterations:
         log.info(f"this run already finished at step {step}; pass --no_auto_resume or another --run_dir to train again.")
         return 0
@@ -102,7 +104,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
 
     def evaluate_and_log(final: bool = False) -> float:
         batches = config.train.final_eval_batches if final else config.train.eval_batches
-        val_loss = evaluate(model, data.validation_batches(batches), autocast, env.data_world)
+        val_loss = evaluate(model, data.validation_batches(batches), autocast)
         metrics = {"step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0)),
                    "tokens": step * layout.tokens_per_step}
         if step == 0:
@@ -228,7 +230,7 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches, autocast, data_world: int) -> float:
+def evaluate(model: torch.nn.Module, batches, autocast) -> float:
     """Mean validation cross-entropy. Every rank runs the same number of forwards (FSDP needs all
     ranks in each one) on its rows of each fixed batch; the sums are all-reduced."""
     model.eval()
