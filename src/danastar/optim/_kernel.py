@@ -1,18 +1,24 @@
-"""The machinery shared by danastar's own optimizers: state, step counting, and the three paths.
+"""The machinery shared by danastar's own optimizers: state, step counts, and the three paths.
 
-Each optimizer writes its math once, as a function that updates one tensor
-(`update(param, grad, *buffers, k, lr, schedule_factor, **hyperparameters)`). That one function
-serves two paths:
+Each optimizer writes its math as two functions:
 
-* ``reference``: a plain Python loop over the group's tensors (any dtype, float64 included);
+* ``step_scalars(k, lr, schedule_factor, **group constants)``: the per-step scalars of one tensor
+  (a_k, bias corrections, the weight-decay multiplier ...), computed once on the host in float64;
+* ``update(param, grad, *buffers, **scalars, **constants)``: the elementwise update of one tensor.
+
+The update serves two paths:
+
+* ``reference``: a plain Python loop over the group's tensors with Python-float scalars (any
+  dtype, float64 included);
 * ``compiled``: the same loop handed to ``torch.compile`` as one function over the whole group's
-  tensor lists. Every per-step scalar (k, lr, schedule factor) is a 0-dim tensor, so changing the
-  LR or advancing the step never recompiles.
+  tensor lists, with every per-step scalar passed as a 0-dim tensor, so changing the LR or
+  advancing the step never recompiles, and the kernel does no scalar math per element.
 
-The DANA family adds a ``foreach`` path written with ``torch._foreach_*`` ops, used where
-``torch.compile`` is unavailable. Under FSDP2 parameters, gradients and state are DTensors; every
-update is elementwise, so the paths work on the local shards and never mix DTensors with plain
-tensors.
+The DANA family adds a ``foreach`` path written with ``torch._foreach_*`` ops, used for small
+groups on CPU and where ``torch.compile`` is unavailable. The step count ``k`` is per tensor (a
+tensor whose grad is None does not advance); tensors are bucketed by ``k``, which all share unless
+some grads were None. Under FSDP2 parameters, gradients and state are DTensors; every update is
+elementwise, so the paths work on the local shards and never mix DTensors with plain tensors.
 """
 
 from __future__ import annotations
@@ -55,13 +61,10 @@ def schedule_factor(group: dict) -> float:
     return float(group["lr"]) / initial_lr if initial_lr != 0 else 0.0
 
 
-def run_per_tensor(update, params, grads, buffers, steps, lr, schedule_factor, hyperparameters):
-    """Advance each tensor's step and apply ``update`` to it: the reference path, and (compiled)
-    the fast one. Scalars are computed in float64 so float64 parameters are exact."""
-    for i, (param, grad, step) in enumerate(zip(params, grads, steps)):
-        step += 1
-        update(param, grad, *(buffer[i] for buffer in buffers), step.double(), lr,
-               schedule_factor, **hyperparameters)
+def run_per_tensor(update, params, grads, buffers, scalars, constants):
+    """Apply ``update`` to each tensor: the reference path, and (compiled) the fast one."""
+    for i, (param, grad) in enumerate(zip(params, grads)):
+        update(param, grad, *(buffer[i] for buffer in buffers), **scalars, **constants)
 
 
 def compiled_available() -> bool:
@@ -104,12 +107,16 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     """A torch optimizer whose update is one elementwise function per tensor.
 
     Subclasses define ``buffer_names`` (state buffers, created with ``zeros_like``), the
-    per-tensor ``update`` function, ``hyperparameters(group)`` (the group's keywords of
-    ``update``) and optionally ``foreach_update`` (the same math over lists, one step count).
+    functions ``step_scalars`` and ``update`` (see the module docstring), ``scalar_constants``
+    and ``update_constants`` (the names of the group's settings each of them takes) and
+    optionally ``foreach_update`` (``update`` over lists of tensors).
     """
 
     buffer_names: tuple[str, ...]
+    step_scalars: Callable
     update: Callable
+    scalar_constants: tuple[str, ...]
+    update_constants: tuple[str, ...]
     foreach_update: Callable | None = None
 
     def __init__(self, params, defaults: dict, impl: str | None = None):
@@ -131,8 +138,11 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         # The peak LR gamma*; torch LR schedulers use setdefault on this key, so they keep it.
         group.setdefault("initial_lr", group["lr"])
 
-    def hyperparameters(self, group: dict) -> dict:
-        raise NotImplementedError
+    def scalars_for(self, group: dict, k: float) -> dict[str, float]:
+        """The per-step scalars of a tensor of ``group`` at step ``k``."""
+        constants = {name: group[name] for name in self.scalar_constants}
+        return type(self).step_scalars(k, float(group["lr"]), schedule_factor(group),
+                                       **constants)
 
     def resolve_impl(self, params: list[torch.Tensor]) -> str:
         """The path to run: the user's choice, else compiled, except for small groups on CPU
@@ -150,8 +160,9 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     def _init_state(self, param: torch.Tensor) -> dict:
         state = self.state[param]
         if not state:
-            # `step` lives on the parameter's device so the compiled path never syncs with host.
-            state["step"] = torch.zeros((), dtype=torch.float32, device=local(param).device)
+            # As in torch.optim: a float32 CPU tensor (exact to 2**24 steps), read without a
+            # device sync when the per-step scalars are computed.
+            state["step"] = torch.zeros((), dtype=torch.float32)
             for name in self.buffer_names:
                 state[name] = torch.zeros_like(param, dtype=state_dtype(param),
                                                memory_format=torch.preserve_format)
@@ -186,47 +197,47 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         return loss
 
     def _update_group(self, group, params, grads, buffers, steps):
-        hyperparameters = self.hyperparameters(group)
-        lr, factor = float(group["lr"]), schedule_factor(group)
         impl = self.resolve_impl(params)
-        if impl == "foreach":
-            self._foreach(params, grads, buffers, steps, lr, factor, hyperparameters)
-            return
-        device = params[0].device
-        lr_t = torch.tensor(lr, dtype=torch.float64, device=device)
-        factor_t = torch.tensor(factor, dtype=torch.float64, device=device)
-        args = (type(self).update, params, grads, buffers, steps, lr_t, factor_t, hyperparameters)
-        if impl == "reference":
-            run_per_tensor(*args)
-            return
+        constants = {name: group[name] for name in self.update_constants}
+        buckets: dict[float, list[int]] = {}
+        for i, step in enumerate(steps):
+            step += 1
+            buckets.setdefault(step.item(), []).append(i)
+        for k, index in buckets.items():
+            def pick(tensors, index=index):
+                return tensors if len(index) == len(tensors) else [tensors[i] for i in index]
+            lists = (pick(params), pick(grads), [pick(b) for b in buffers])
+            scalars = self.scalars_for(group, k)
+            if impl == "foreach":
+                type(self).foreach_update(lists[0], lists[1], *lists[2], **scalars, **constants)
+            elif impl == "reference":
+                run_per_tensor(type(self).update, *lists, scalars, constants)
+            else:
+                self._run_compiled(lists, scalars, constants)
+
+    def _run_compiled(self, lists, scalars, constants):
+        device = lists[0][0].device
+        scalars = {name: torch.tensor(value, dtype=torch.float64, device=device)
+                   for name, value in scalars.items()}
         if getattr(self, "_compiled_runner", None) is None:
             self._compiled_runner = compile_per_tensor_runner()
         try:
             # Each group compiles once (and once more per pattern of None grads).
             with torch._dynamo.config.patch(recompile_limit=8 + 2 * len(self.param_groups)):
-                self._compiled_runner(*args)
+                self._compiled_runner(type(self).update, *lists, scalars, constants)
         except Exception as error:  # compilation failed (no compiler, unsupported platform)
             if self.impl == "compiled" or getattr(self, "_compile_worked", False):
                 raise
             warnings.warn(f"{type(self).__name__}: torch.compile failed ({error}); "
-                          "using the non-compiled path", stacklevel=3)
+                          "using the non-compiled path", stacklevel=4)
             self.impl = "foreach" if self.foreach_update is not None else "reference"
-            self._update_group(group, params, grads, buffers, steps)
+            scalars = {name: value.item() for name, value in scalars.items()}
+            if self.impl == "foreach":
+                type(self).foreach_update(lists[0], lists[1], *lists[2], **scalars, **constants)
+            else:
+                run_per_tensor(type(self).update, *lists, scalars, constants)
             return
         self._compile_worked = True
-
-    def _foreach(self, params, grads, buffers, steps, lr, factor, hyperparameters):
-        """Group the tensors by step count (they share it unless some grads were None) and apply
-        the list update to each bucket with Python-float scalars."""
-        torch._foreach_add_(steps, 1)
-        counts = torch.stack(steps).tolist() if len(steps) > 1 else [steps[0].item()]
-        buckets: dict[float, list[int]] = {}
-        for i, k in enumerate(counts):
-            buckets.setdefault(k, []).append(i)
-        for k, index in buckets.items():
-            pick = lambda tensors: [tensors[i] for i in index]  # noqa: E731
-            type(self).foreach_update(pick(params), pick(grads), *(pick(b) for b in buffers),
-                                      k=k, lr=lr, schedule_factor=factor, **hyperparameters)
 
     def load_state_dict(self, state_dict: dict) -> None:
         # torch casts floating-point state to the parameter's dtype; ours stays in float32 or
@@ -237,5 +248,5 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         for saved_id, param in zip(saved_ids, params):
             for key, value in state_dict["state"].get(saved_id, {}).items():
                 if torch.is_tensor(value):
-                    device = local(param).device if key == "step" else param.device
+                    device = "cpu" if key == "step" else param.device
                     self.state[param][key] = value.to(device=device, copy=True)

@@ -7,23 +7,27 @@ Plain AdamW with coupled weight decay is torch.optim.AdamW.
 
 from __future__ import annotations
 
+import math
+
 from ._kernel import PerTensorOptimizer, check, decay_multiplier
 
 
-def adamw_decaying_wd_update(param, grad, m, v, k, lr, schedule_factor, *, betas, eps,
-                             weight_decay, wd_ts):
+def adamw_decaying_wd_scalars(k, lr, schedule_factor, *, betas, weight_decay, wd_ts):
+    """Per-step scalars: the step size lr / bc1, sqrt(bc2) and the weight-decay multiplier."""
+    beta1, beta2 = betas
+    return {"step_size": lr / (1 - beta1 ** k), "sqrt_bc2": math.sqrt(1 - beta2 ** k),
+            "decay": decay_multiplier(weight_decay, schedule_factor, k, wd_ts)}
+
+
+def adamw_decaying_wd_update(param, grad, m, v, *, step_size, sqrt_bc2, decay, betas, eps):
     """One step on one tensor (reference and compiled paths)."""
     beta1, beta2 = betas
     work = param if param.dtype == m.dtype else param.to(m.dtype)
     grad = grad.to(m.dtype)
     m.lerp_(grad, 1 - beta1)
     v.mul_(beta2).add_(grad * grad * (1 - beta2))
-    bias_correction1 = 1 - beta1 ** k
-    bias_correction2 = 1 - beta2 ** k
-    denom = v.sqrt() / bias_correction2.sqrt() + eps
-    work.sub_(lr / bias_correction1 * m / denom)
-    if weight_decay != 0:
-        work.mul_(decay_multiplier(weight_decay, schedule_factor, k, wd_ts))
+    work.sub_(step_size * m / (v.sqrt() / sqrt_bc2 + eps))
+    work.mul_(decay)
     if work is not param:
         param.copy_(work)
 
@@ -36,7 +40,10 @@ class AdamWDecayingWD(PerTensorOptimizer):
     """AdamW whose weight decay is independent of the LR and decays as 1 / (1 + k / wd_ts)."""
 
     buffer_names = ("exp_avg", "exp_avg_sq")
+    step_scalars = staticmethod(adamw_decaying_wd_scalars)
+    scalar_constants = ("betas", "weight_decay", "wd_ts")
     update = staticmethod(adamw_decaying_wd_update)
+    update_constants = ("betas", "eps")
 
     def __init__(self, params, lr, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  wd_ts=None, impl=None):
@@ -48,6 +55,3 @@ class AdamWDecayingWD(PerTensorOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         wd_ts=wd_ts)
         super().__init__(params, defaults, impl)
-
-    def hyperparameters(self, group: dict) -> dict:
-        return {name: group[name] for name in ("betas", "eps", "weight_decay", "wd_ts")}

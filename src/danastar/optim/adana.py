@@ -19,37 +19,39 @@ from torch.distributed.tensor import DTensor
 from ._kernel import PerTensorOptimizer, check, decay_multiplier
 
 
-def snr_and_damping(m, denom, k, kappa, clipsnr):
-    """Per-coordinate signal-to-noise ratio r = |m| / D and damping A = (1 + k)^(1 - kappa) r."""
+def adana_scalars(k, lr, schedule_factor, *, delta, kappa, weight_decay, wd_ts):
+    """Per-step scalars of ADana at step k: the EMA coefficient a_k, the Nesterov factor
+    alpha(k) = (1 + k)^(1 - kappa), the LR and the weight-decay multiplier."""
+    return {"a": delta / (delta + k), "boost": (1 + k) ** (1 - kappa), "lr": lr,
+            "decay": decay_multiplier(weight_decay, schedule_factor, k, wd_ts)}
+
+
+def snr_and_damping(m, denom, boost, clipsnr):
+    """Per-coordinate signal-to-noise ratio r = |m| / D and damping A = alpha(k) r."""
     snr = m.abs() / denom
-    damping = snr * (1 + k) ** (1 - kappa)
+    damping = snr * boost
     if clipsnr is not None:
         damping = damping.clamp(max=clipsnr)
     return snr, damping
 
 
-def adana_update(param, grad, m, v, k, lr, schedule_factor, *, delta, kappa, clipsnr, eps,
-                 weight_decay, wd_ts):
+def adana_update(param, grad, m, v, *, a, boost, lr, decay, clipsnr, eps):
     """One ADana / Dana-MK4 step on one tensor (reference and compiled paths)."""
     work = param if param.dtype == m.dtype else param.to(m.dtype)
     grad = grad.to(m.dtype)
-    a = delta / (delta + k)
     m.lerp_(grad, a)
     v.mul_(1 - a).add_(grad * grad * a)
     denom = v.sqrt() + eps
-    _, damping = snr_and_damping(m, denom, k, kappa, clipsnr)
+    _, damping = snr_and_damping(m, denom, boost, clipsnr)
     work.sub_(lr * (grad / denom + m.sign() * damping + m / denom))
-    if weight_decay != 0:
-        work.mul_(decay_multiplier(weight_decay, schedule_factor, k, wd_ts))
+    work.mul_(decay)
     if work is not param:
         param.copy_(work)
 
 
-def adana_foreach_update(params, grads, ms, vs, *, k, lr, schedule_factor, delta, kappa,
-                         clipsnr, eps, weight_decay, wd_ts):
-    """`adana_update` over lists of tensors sharing the step count k (Python-float scalars)."""
+def adana_foreach_update(params, grads, ms, vs, *, a, boost, lr, decay, clipsnr, eps):
+    """`adana_update` over lists of tensors (Python-float scalars)."""
     work, grads = working_copies(params, grads, ms)
-    a = delta / (delta + k)
     torch._foreach_lerp_(ms, grads, a)
     torch._foreach_mul_(vs, 1 - a)
     torch._foreach_addcmul_(vs, grads, grads, value=a)
@@ -57,7 +59,7 @@ def adana_foreach_update(params, grads, ms, vs, *, k, lr, schedule_factor, delta
     torch._foreach_add_(denom, eps)
     damping = torch._foreach_abs(ms)
     torch._foreach_div_(damping, denom)
-    torch._foreach_mul_(damping, (1 + k) ** (1 - kappa))
+    torch._foreach_mul_(damping, boost)
     if clipsnr is not None:
         torch._foreach_clamp_max_(damping, clipsnr)
     torch._foreach_mul_(damping, torch._foreach_sign(ms))
@@ -65,7 +67,7 @@ def adana_foreach_update(params, grads, ms, vs, *, k, lr, schedule_factor, delta
     torch._foreach_add_(direction, damping)
     torch._foreach_addcdiv_(direction, ms, denom)
     torch._foreach_add_(work, direction, alpha=-lr)
-    finish_foreach(params, work, k, schedule_factor, weight_decay, wd_ts)
+    finish_foreach(params, work, decay)
 
 
 def working_copies(params, grads, buffers):
@@ -75,10 +77,10 @@ def working_copies(params, grads, buffers):
     return work, grads
 
 
-def finish_foreach(params, work, k, schedule_factor, weight_decay, wd_ts):
-    """Apply the decaying weight decay, then write float32 copies back to low-precision params."""
-    if weight_decay != 0:
-        torch._foreach_mul_(work, decay_multiplier(weight_decay, schedule_factor, k, wd_ts))
+def finish_foreach(params, work, decay):
+    """Apply the weight-decay multiplier, then write float32 copies back to low-precision params."""
+    if decay != 1:
+        torch._foreach_mul_(work, decay)
     for param, updated in zip(params, work):
         if updated is not param:
             param.copy_(updated)
@@ -103,7 +105,7 @@ def _total(tensor: torch.Tensor) -> float:
 class DanaBase(PerTensorOptimizer):
     """What ADana and DanaStar share: hyperparameters, validation and diagnostics."""
 
-    hyperparameter_names = ("delta", "kappa", "clipsnr", "eps", "weight_decay", "wd_ts")
+    update_constants = ("clipsnr", "eps")
 
     def __init__(self, params, lr, *, delta=8.0, kappa=0.85, clipsnr=None, weight_decay=0.0,
                  wd_ts=None, eps=1e-8, impl=None):
@@ -111,9 +113,6 @@ class DanaBase(PerTensorOptimizer):
         defaults = dict(lr=lr, delta=delta, kappa=kappa, clipsnr=clipsnr,
                         weight_decay=weight_decay, wd_ts=wd_ts, eps=eps)
         super().__init__(params, defaults, impl)
-
-    def hyperparameters(self, group: dict) -> dict:
-        return {name: group[name] for name in self.hyperparameter_names}
 
     def diagnostic_terms(self, state: dict, k: float, group: dict) -> dict:
         raise NotImplementedError
@@ -150,11 +149,13 @@ class ADana(DanaBase):
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq")
+    step_scalars = staticmethod(adana_scalars)
+    scalar_constants = ("delta", "kappa", "weight_decay", "wd_ts")
     update = staticmethod(adana_update)
     foreach_update = staticmethod(adana_foreach_update)
 
     def diagnostic_terms(self, state, k, group):
         denom = state["exp_avg_sq"].sqrt() + group["eps"]
-        snr, damping = snr_and_damping(state["exp_avg"], denom, k, group["kappa"],
-                                       group["clipsnr"])
+        boost = self.scalars_for(group, k)["boost"]
+        snr, damping = snr_and_damping(state["exp_avg"], denom, boost, group["clipsnr"])
         return {"snr": snr, "damping": damping}

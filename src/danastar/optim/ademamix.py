@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from ._kernel import PerTensorOptimizer, check, decay_multiplier
 from .adamw import check_betas
 
@@ -21,30 +19,36 @@ def half_life(beta: float) -> float:
     return math.log(0.5) / math.log(beta + 1e-8) - 1
 
 
-def ademamix_update(param, grad, m1, m2, v, k, lr, schedule_factor, *, betas, alpha,
-                    alpha_warmup, beta3_warmup, eps, weight_decay, wd_ts, decaying_wd):
-    """One step on one tensor (reference and compiled paths)."""
+def ademamix_scalars(k, lr, schedule_factor, *, betas, alpha, alpha_warmup, beta3_warmup,
+                     weight_decay, wd_ts, decaying_wd):
+    """Per-step scalars: warmed-up alpha and beta3, bias corrections, LR and weight decay."""
     beta1, beta2, beta3 = betas
-    work = param if param.dtype == m1.dtype else param.to(m1.dtype)
-    grad = grad.to(m1.dtype)
     if alpha_warmup is not None:
-        alpha = alpha * torch.clamp(k / alpha_warmup, max=1)
-    if beta3_warmup is not None:
+        alpha = alpha * min(k / alpha_warmup, 1.0)
+    if beta3_warmup is not None and k < beta3_warmup:
         fraction = k / beta3_warmup
         half_life_k = (1 - fraction) * half_life(beta1) + fraction * half_life(beta3)
-        beta3 = torch.where(k < beta3_warmup, 0.5 ** (1 / (half_life_k + 1)), beta3)
-    if decaying_wd and weight_decay != 0:
-        work.mul_(decay_multiplier(weight_decay, schedule_factor, k, wd_ts))
+        beta3 = 0.5 ** (1 / (half_life_k + 1))
+    # Decaying: p * (1 - wd s_t / (1 + k / wd_ts)) before the update; coupled: p - lr wd p.
+    decay = decay_multiplier(weight_decay, schedule_factor, k, wd_ts) if decaying_wd else 1.0
+    coupled_decay = 0.0 if decaying_wd else weight_decay
+    return {"alpha": alpha, "beta3": beta3, "bc1": 1 - beta1 ** k,
+            "sqrt_bc2": math.sqrt(1 - beta2 ** k), "lr": lr, "decay": decay,
+            "coupled_decay": coupled_decay}
+
+
+def ademamix_update(param, grad, m1, m2, v, *, alpha, beta3, bc1, sqrt_bc2, lr, decay,
+                    coupled_decay, betas, eps):
+    """One step on one tensor (reference and compiled paths)."""
+    beta1, beta2, _ = betas
+    work = param if param.dtype == m1.dtype else param.to(m1.dtype)
+    grad = grad.to(m1.dtype)
+    work.mul_(decay)
     m1.lerp_(grad, 1 - beta1)
     m2.lerp_(grad, 1 - beta3)
     v.mul_(beta2).add_(grad * grad * (1 - beta2))
-    bias_correction1 = 1 - beta1 ** k
-    bias_correction2 = 1 - beta2 ** k
-    denom = v.sqrt() / bias_correction2.sqrt() + eps
-    direction = (m1 / bias_correction1 + alpha * m2) / denom
-    if not decaying_wd and weight_decay != 0:
-        direction = direction + weight_decay * work
-    work.sub_(lr * direction)
+    direction = (m1 / bc1 + alpha * m2) / (v.sqrt() / sqrt_bc2 + eps)
+    work.sub_(lr * (direction + coupled_decay * work))
     if work is not param:
         param.copy_(work)
 
@@ -53,9 +57,11 @@ class AdEMAMix(PerTensorOptimizer):
     """AdEMAMix (arXiv 2409.03137), optionally with the decaying, independent weight decay."""
 
     buffer_names = ("exp_avg_fast", "exp_avg_slow", "exp_avg_sq")
+    step_scalars = staticmethod(ademamix_scalars)
+    scalar_constants = ("betas", "alpha", "alpha_warmup", "beta3_warmup", "weight_decay",
+                        "wd_ts", "decaying_wd")
     update = staticmethod(ademamix_update)
-    hyperparameter_names = ("betas", "alpha", "alpha_warmup", "beta3_warmup", "eps",
-                            "weight_decay", "wd_ts", "decaying_wd")
+    update_constants = ("betas", "eps")
 
     def __init__(self, params, lr, *, betas=(0.9, 0.999, 0.9999), alpha=5.0, alpha_warmup=None,
                  beta3_warmup=None, eps=1e-8, weight_decay=0.0, wd_ts=None, decaying_wd=False,
@@ -72,6 +78,3 @@ class AdEMAMix(PerTensorOptimizer):
                         beta3_warmup=beta3_warmup, eps=eps, weight_decay=weight_decay,
                         wd_ts=wd_ts, decaying_wd=bool(decaying_wd))
         super().__init__(params, defaults, impl)
-
-    def hyperparameters(self, group: dict) -> dict:
-        return {name: group[name] for name in self.hyperparameter_names}

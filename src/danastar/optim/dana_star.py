@@ -19,11 +19,18 @@ from ._kernel import decay_multiplier
 from .adana import DanaBase, finish_foreach, working_copies
 
 
-def star_terms(m, denom, tau, k, kappa, clipsnr):
+def dana_star_scalars(k, lr, schedule_factor, *, delta, weight_decay, wd_ts):
+    """Per-step scalars of Dana-Star at step k: a_k, k itself (for the effective time), the
+    floor 1 / (1 + k) of the regularised probability, the LR and the weight-decay multiplier."""
+    return {"a": delta / (delta + k), "k": k, "tau_floor": 1 / (1 + k), "lr": lr,
+            "decay": decay_multiplier(weight_decay, schedule_factor, k, wd_ts)}
+
+
+def star_terms(m, denom, tau, k, tau_floor, kappa, clipsnr):
     """Regularised probability tau_r, normaliser N, SNR r and damping A of Dana-Star."""
     tau_hat = tau.clamp(max=0.5)
     p_hat = tau_hat / (1 - tau_hat)
-    tau_reg = torch.clamp(p_hat, min=1 / (1 + k))
+    tau_reg = torch.clamp(p_hat, min=tau_floor)
     effective_time = torch.clamp(tau * k, min=1)
     norm = tau_reg.sqrt() / denom
     snr = m.abs() * norm / tau_reg
@@ -33,30 +40,27 @@ def star_terms(m, denom, tau, k, kappa, clipsnr):
     return tau_reg, norm, snr, damping
 
 
-def dana_star_update(param, grad, m, v, tau, k, lr, schedule_factor, *, delta, kappa, clipsnr,
-                     eps, weight_decay, wd_ts):
+def dana_star_update(param, grad, m, v, tau, *, a, k, tau_floor, lr, decay, kappa, clipsnr,
+                     eps):
     """One Dana-Star / Dana-Star-MK4 step on one tensor (reference and compiled paths)."""
     work = param if param.dtype == m.dtype else param.to(m.dtype)
     grad = grad.to(m.dtype)
-    a = delta / (delta + k)
     m.lerp_(grad, a)
     v.mul_(1 - a).add_(grad * grad * a)
     denom = v.sqrt() + eps
     grad_size = grad.abs()
     tau.lerp_(grad_size / (grad_size + denom), a)
-    tau_reg, norm, _, damping = star_terms(m, denom, tau, k, kappa, clipsnr)
+    tau_reg, norm, _, damping = star_terms(m, denom, tau, k, tau_floor, kappa, clipsnr)
     work.sub_(lr * (grad * norm + m.sign() * (tau_reg * damping + m.abs() * norm)))
-    if weight_decay != 0:
-        work.mul_(decay_multiplier(weight_decay, schedule_factor, k, wd_ts))
+    work.mul_(decay)
     if work is not param:
         param.copy_(work)
 
 
-def dana_star_foreach_update(params, grads, ms, vs, taus, *, k, lr, schedule_factor, delta,
-                             kappa, clipsnr, eps, weight_decay, wd_ts):
-    """`dana_star_update` over lists of tensors sharing the step count k."""
+def dana_star_foreach_update(params, grads, ms, vs, taus, *, a, k, tau_floor, lr, decay, kappa,
+                             clipsnr, eps):
+    """`dana_star_update` over lists of tensors (Python-float scalars)."""
     work, grads = working_copies(params, grads, ms)
-    a = delta / (delta + k)
     torch._foreach_lerp_(ms, grads, a)
     torch._foreach_mul_(vs, 1 - a)
     torch._foreach_addcmul_(vs, grads, grads, value=a)
@@ -71,7 +75,7 @@ def dana_star_foreach_update(params, grads, ms, vs, taus, *, k, lr, schedule_fac
     one_minus = torch._foreach_neg(tau_hat)
     torch._foreach_add_(one_minus, 1)
     tau_reg = torch._foreach_div(tau_hat, one_minus)
-    torch._foreach_clamp_min_(tau_reg, 1 / (1 + k))
+    torch._foreach_clamp_min_(tau_reg, tau_floor)
     effective_time = torch._foreach_mul(taus, k)
     torch._foreach_clamp_min_(effective_time, 1)
     torch._foreach_pow_(effective_time, 1 - kappa)
@@ -91,18 +95,22 @@ def dana_star_foreach_update(params, grads, ms, vs, taus, *, k, lr, schedule_fac
     direction = torch._foreach_mul(grads, norm)
     torch._foreach_add_(direction, momentum_term)
     torch._foreach_add_(work, direction, alpha=-lr)
-    finish_foreach(params, work, k, schedule_factor, weight_decay, wd_ts)
+    finish_foreach(params, work, decay)
 
 
 class DanaStar(DanaBase):
     """Dana-Star (``clipsnr=None``) and Dana-Star-MK4 (``clipsnr=2.0``); ``impl`` as ADana."""
 
     buffer_names = ("exp_avg", "exp_avg_sq", "tau")
+    step_scalars = staticmethod(dana_star_scalars)
+    scalar_constants = ("delta", "weight_decay", "wd_ts")
     update = staticmethod(dana_star_update)
+    update_constants = ("kappa", "clipsnr", "eps")
     foreach_update = staticmethod(dana_star_foreach_update)
 
     def diagnostic_terms(self, state, k, group):
         denom = state["exp_avg_sq"].sqrt() + group["eps"]
+        scalars = self.scalars_for(group, k)
         _, _, snr, damping = star_terms(state["exp_avg"], denom, state["tau"], k,
-                                        group["kappa"], group["clipsnr"])
+                                        scalars["tau_floor"], group["kappa"], group["clipsnr"])
         return {"snr": snr, "damping": damping, "tau": state["tau"]}
