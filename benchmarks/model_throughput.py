@@ -4,8 +4,8 @@ nanoGPT way, measured in the same run.
 The plain versions below compute the same function (same shapes, norms, RoPE, gate, loss) the
 straightforward way: one module per idea, llama-style complex RoPE, and the loss from the full
 (B, T, V) logits with F.cross_entropy; loaded with danastar's weights it must give the same
-loss. Iterations alternate between the two implementations so
-that a shared, noisy machine slows both alike; the medians are reported.
+loss. Iterations alternate between the two implementations (in
+alternating order) so that a shared, noisy machine slows both alike; the medians are reported.
 
     python benchmarks/model_throughput.py                      # CPU-sized models, fp32
     python benchmarks/model_throughput.py --device cuda        # 124M-class, bf16 + compile
@@ -145,15 +145,16 @@ def copy_weights(plain: PlainGPT, ours: nn.Module) -> None:
 # -- measurement -------------------------------------------------------------------------------
 
 
-def step_seconds(model, idx, targets, autocast, danastar_api: bool) -> float:
-    """Wall time of one forward + backward."""
+def step_seconds(model, idx, targets, autocast, danastar_api: bool) -> tuple[float, float]:
+    """Wall time and process CPU time of one forward + backward. On a shared CPU the CPU time
+    is the steadier measure: waiting for a core does not count."""
     synchronize(idx.device)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     with autocast:
         out = model(idx, targets)
     (out.loss if danastar_api else out).backward()
     synchronize(idx.device)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - start_cpu
 
 
 def synchronize(device: torch.device) -> None:
@@ -185,12 +186,15 @@ def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: to
         plain.compile()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
     times = {"danastar": [], "nanogpt_style": []}
-    for i in range(warmup + steps):  # alternate, so machine noise hits both alike
-        for name, model in (("danastar", ours), ("nanogpt_style", plain)):
+    cpu_times = {"danastar": [], "nanogpt_style": []}
+    pair = [("danastar", ours), ("nanogpt_style", plain)]
+    for i in range(warmup + steps):  # alternate (ABBA...), so machine noise hits both alike
+        for name, model in (pair if i % 2 == 0 else pair[::-1]):
             model.zero_grad(set_to_none=True)
-            seconds = step_seconds(model, idx, targets, autocast, name == "danastar")
+            seconds, cpu_seconds = step_seconds(model, idx, targets, autocast, name == "danastar")
             if i >= warmup:
                 times[name].append(seconds)
+                cpu_times[name].append(cpu_seconds)
     tokens = batch * config.max_seq_len
     flops_per_token = ours.flops_per_token(config.max_seq_len)
     peak = peak_flops(device)
@@ -201,9 +205,13 @@ def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: to
         result[name] = {
             "median_step_s": median, "min_step_s": min(values), "max_step_s": max(values),
             "tokens_per_s": tokens / median,
+            "median_cpu_s": statistics.median(cpu_times[name]),
+            "tokens_per_cpu_s": tokens / statistics.median(cpu_times[name]),
             "mfu": flops_per_token * tokens / median / peak if peak else None,
         }
     result["speedup"] = result["danastar"]["tokens_per_s"] / result["nanogpt_style"]["tokens_per_s"]
+    result["cpu_time_speedup"] = (result["danastar"]["tokens_per_cpu_s"]
+                                  / result["nanogpt_style"]["tokens_per_cpu_s"])
     return result
 
 
@@ -212,26 +220,33 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--output", default=None, help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     gpu = device.type == "cuda"
-    # CPU: models with ladder head sizes but few layers; GPU: the 124M class (Enoki h 12 / Qwen3 h 4)
+    # CPU: ladder head sizes with few layers, with the GPT-2 vocabulary (the head dominates) and
+    # with a 512-token one (the blocks dominate); GPU: the 124M class (Enoki h 12, Qwen3 h 4)
     if gpu:
-        setups = [("enoki", 12, dict()), ("qwen3", 4, dict())]
+        setups = [("enoki", 12, 50257, dict()), ("qwen3", 4, 50257, dict())]
         batch, seq_len, steps = 16, 1024, args.steps or 20
     else:
-        setups = [("enoki", 3, dict()), ("qwen3", 2, dict(n_layer=2))]
+        setups = [("enoki", 3, 50257, dict()), ("qwen3", 2, 50257, dict(n_layer=2)),
+                  ("enoki", 3, 512, dict()), ("qwen3", 2, 512, dict(n_layer=2))]
         batch, seq_len, steps = 4, 256, args.steps or 10
     results = []
-    for arch, heads, overrides in setups:
-        config = ModelConfig.from_heads(arch, heads, vocab_size=50257, max_seq_len=seq_len, **overrides)
+    for arch, heads, vocab_size, overrides in setups:
+        config = ModelConfig.from_heads(arch, heads, vocab_size=vocab_size, max_seq_len=seq_len,
+                                        **overrides)
         result = measure(config, batch, steps, args.warmup, device, bf16=gpu, compile_=gpu)
         result.update(arch=arch, heads=heads)
         results.append(result)
-        print(f"{arch} h{heads} ({result['params'] / 1e6:.1f}M): danastar "
+        print(f"{arch} h{heads} V {vocab_size} ({result['params'] / 1e6:.1f}M): danastar "
               f"{result['danastar']['tokens_per_s']:,.0f} tok/s, nanoGPT-style "
-              f"{result['nanogpt_style']['tokens_per_s']:,.0f} tok/s, ratio {result['speedup']:.3f}")
+              f"{result['nanogpt_style']['tokens_per_s']:,.0f} tok/s, ratio {result['speedup']:.3f} "
+              f"(per CPU-second {result['cpu_time_speedup']:.3f})")
     machine = torch.cuda.get_device_name(device) if gpu else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     report = {"benchmark": "model_throughput", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": args.device, "machine": machine, "torch": torch.__version__,
