@@ -47,10 +47,6 @@ class Distributed:
     def sharded(self) -> bool:
         return self.backend in SHARDED_BACKENDS
 
-    @property
-    def initialized(self) -> bool:
-        return dist.is_available() and dist.is_initialized()
-
 
 def choose_device(requested: str) -> torch.device:
     if requested == "cuda" and not torch.cuda.is_available():
@@ -61,8 +57,11 @@ def choose_device(requested: str) -> torch.device:
 
 
 def resolve_backend(requested: str, world_size: int) -> str:
+    """The backend to use: one process is always `single` (nothing to shard or replicate)."""
+    if world_size == 1:
+        return "single"
     if requested == "auto":
-        return "single" if world_size == 1 else "ddp"
+        return "ddp"
     if requested == "single" and world_size > 1:
         raise UserError(f"--distributed_backend single cannot run {world_size} processes; use ddp or fsdp.")
     return requested
