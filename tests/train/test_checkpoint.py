@@ -66,6 +66,9 @@ def test_corrupt_latest_falls_back_to_the_previous_one_with_a_message(tmp_path, 
     assert verify(newest)[0] is None
     assert checkpointer.find_latest().step == 10
     assert len(messages) == 1 and "latest-00000020" in messages[0] and "previous" in messages[0]
+    assert (tmp_path / "corrupt-latest-00000020").is_dir()  # kept for inspection, out of the way
+    save_steps(checkpointer, [30, 40])
+    assert [p.name for p in checkpointer.checkpoints()] == ["latest-00000030", "latest-00000040"]
 
 
 def test_an_unfinished_temporary_directory_is_ignored(tmp_path):

@@ -263,7 +263,11 @@ class Checkpointer:
                 if meta is not None:
                     chosen = Found(path, int(meta["step"]), meta["layout"])
                     break
-                self.log(f"checkpoint {path} is incomplete or corrupt ({problem}); trying the previous one.")
+                # Set aside (not deleted) so that pruning never keeps it in place of a good one.
+                aside = path.with_name(f"corrupt-{path.name}")
+                os.replace(path, aside)
+                self.log(f"checkpoint {path} is incomplete or corrupt ({problem}); moved it to {aside.name} "
+                         f"and trying the previous one.")
         if self.distributed:
             box = [chosen]
             dist.broadcast_object_list(box, src=0)
