@@ -155,19 +155,35 @@ def main(argv=None):
 
     largest = max(r["params"] for r in rows)
     copy = copy_bandwidth(device, largest, 10) / 1e9
+    out = Path(args.out) if args.out else (
+        Path(__file__).parent / "results" / f"optim_step-{device.type}.json")
+    rows = merge_with_earlier_runs(out, rows, device)
     result = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "device": device.type, "machine": machine_description(device),
         "torch": torch.__version__, "copy_gb_per_s": copy, "rows": rows,
     }
-    out = Path(args.out) if args.out else (
-        Path(__file__).parent / "results" / f"optim_step-{device.type}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"\n{result['date']}, {result['machine']}, torch {result['torch']}, "
           f"copy bandwidth {copy:.1f} GB/s at {largest:,d} floats\n")
     print(markdown_table(rows))
     print(f"\nwritten to {out}")
+
+
+def merge_with_earlier_runs(out: Path, rows: list[dict], device) -> list[dict]:
+    """Runs over different sizes or candidates (--sizes, --only) add up in one result file, on
+    the same machine and torch; a row measured again replaces the earlier one. Each row's ratio
+    is to the fused AdamW measured in its own run."""
+    if not out.exists():
+        return rows
+    earlier = json.loads(out.read_text())
+    if (earlier.get("machine"), earlier.get("torch")) != (machine_description(device),
+                                                          torch.__version__):
+        return rows
+    measured = {(r["optimizer"], r["params"]) for r in rows}
+    kept = [r for r in earlier["rows"] if (r["optimizer"], r["params"]) not in measured]
+    return sorted(kept + rows, key=lambda r: r["params"])
 
 
 def markdown_table(rows) -> str:

@@ -81,12 +81,12 @@ def test_compiled_matches_reference_without_recompiling(cls, hparams):
 
 
 def test_automatic_choice_and_compile_fallback(monkeypatch):
-    """Small CPU groups use foreach; large ones compile; a failed compile falls back (with a
-    warning) when the path was chosen automatically, and raises when it was asked for."""
+    """Small CPU groups use the reference loop; large ones compile; a failed compile falls back
+    (with a warning) when the path was chosen automatically, and raises when it was asked for."""
     from danastar.optim import _kernel
 
     small = [torch.zeros(10, requires_grad=True)]
-    assert ADana(small, lr=1e-3).resolve_impl(small) == "foreach"
+    assert ADana(small, lr=1e-3).resolve_impl(small) == "reference"
     assert AdEMAMix(small, lr=1e-3).resolve_impl(small) == "reference"
     monkeypatch.setattr(_kernel, "CPU_COMPILE_MIN_ELEMENTS", 0)
     assert ADana(small, lr=1e-3).resolve_impl(small) == "compiled"
@@ -97,11 +97,11 @@ def test_automatic_choice_and_compile_fallback(monkeypatch):
         return fail
 
     monkeypatch.setattr(_kernel, "compile_per_tensor_runner", broken_compiler)
-    automatic, foreach = make_params([torch.float32] * 4), make_params([torch.float32] * 4)
+    automatic, reference = make_params([torch.float32] * 4), make_params([torch.float32] * 4)
     with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
         train(ADana, automatic, None, 3)
-    train(ADana, foreach, "foreach", 3)
-    for a, b in zip(automatic, foreach):
+    train(ADana, reference, "reference", 3)
+    for a, b in zip(automatic, reference):
         assert torch.equal(a, b)
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
         train(ADana, make_params([torch.float32] * 4), "compiled", 1)

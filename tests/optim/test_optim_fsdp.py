@@ -10,10 +10,11 @@ from torch import nn
 
 from danastar.optim import build_optimizer
 
-# (registry name, impl): every variant on the CPU default path. (The compiled path runs the same
-# per-tensor function on the same local shards; compiling in two processes would double this
-# test's time, so it is covered by the single-process fast-path tests.)
-VARIANTS = [("adana", None), ("dana-mk4", None), ("dana-star", None), ("dana-star-mk4", None)]
+# (registry name, impl): every variant, on the CPU default (reference) path or on foreach. (The
+# compiled path runs the reference's per-tensor function on the same local shards; compiling in
+# two processes would double this test's time, so the single-process tests cover it.)
+VARIANTS = [("adana", None), ("dana-mk4", "foreach"), ("dana-star", None),
+            ("dana-star-mk4", "foreach")]
 HPARAMS = {"weight_decay": 0.1, "wd_ts": 2}
 STEPS = 4
 

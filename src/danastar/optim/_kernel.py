@@ -14,8 +14,8 @@ The update serves two paths:
   tensor lists, with every per-step scalar passed as a 0-dim tensor, so changing the LR or
   advancing the step never recompiles, and the kernel does no scalar math per element.
 
-The DANA family adds a ``foreach`` path written with ``torch._foreach_*`` ops, used for small
-groups on CPU and where ``torch.compile`` is unavailable. The step count ``k`` is per tensor (a
+The DANA family adds a ``foreach`` path written with ``torch._foreach_*`` ops, used on
+accelerators where ``torch.compile`` is unavailable. The step count ``k`` is per tensor (a
 tensor whose grad is None does not advance); tensors are bucketed by ``k``, which all share unless
 some grads were None. Under FSDP2 parameters, gradients and state are DTensors; every update is
 elementwise, so the paths work on the local shards and never mix DTensors with plain tensors.
@@ -150,12 +150,18 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         impl = self.impl
         if impl is None:
             small = sum(p.numel() for p in params) < CPU_COMPILE_MIN_ELEMENTS
-            impl = "compiled"
-            if params[0].device.type == "cpu" and small:
-                impl = "foreach" if self.foreach_update is not None else "reference"
+            impl = self.uncompiled_impl(params) if params[0].device.type == "cpu" and small \
+                else "compiled"
         if impl == "compiled" and not compiled_available():
-            impl = "foreach" if self.foreach_update is not None else "reference"
+            impl = self.uncompiled_impl(params)
         return impl
+
+    def uncompiled_impl(self, params: list[torch.Tensor]) -> str:
+        """Without compilation: on CPU the per-tensor loop, which keeps each tensor in cache
+        across the update's operations; on accelerators foreach, which launches fewer kernels."""
+        if params[0].device.type == "cpu" or self.foreach_update is None:
+            return "reference"
+        return "foreach"
 
     def _init_state(self, param: torch.Tensor) -> dict:
         state = self.state[param]
@@ -230,7 +236,7 @@ class PerTensorOptimizer(torch.optim.Optimizer):
                 raise
             warnings.warn(f"{type(self).__name__}: torch.compile failed ({error}); "
                           "using the non-compiled path", stacklevel=4)
-            self.impl = "foreach" if self.foreach_update is not None else "reference"
+            self.impl = self.uncompiled_impl(lists[0])
             scalars = {name: value.item() for name, value in scalars.items()}
             if self.impl == "foreach":
                 type(self).foreach_update(lists[0], lists[1], *lists[2], **scalars, **constants)

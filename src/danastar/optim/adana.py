@@ -145,7 +145,7 @@ class ADana(DanaBase):
 
     ``impl`` picks the path: "reference" (plain per-tensor loop, any dtype), "foreach"
     (torch._foreach_* multi-tensor ops), "compiled" (torch.compile over the group's tensor lists),
-    or None for the fastest on the parameters' device.
+    or None (automatic: compiled, except the reference loop for small groups on CPU).
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq")
