@@ -108,3 +108,8 @@ def test_heads_without_config_plans_from_the_launcher_defaults():
     assert (config.train.batch_size, config.train.sequence_length) == (32, 2048)
     assert (config.optim.grad_clip, config.optim.scheduler, config.train.eval_interval) == (0.5, "cos_inf", 115)
     assert config.optim == defaults.optim
+
+
+def test_unknown_schedule_is_caught_before_training():
+    with pytest.raises(UserError, match="optim.scheduler 'cosine' is not known; did you mean 'cos"):
+        load_config(["--scheduler", "cosine"])

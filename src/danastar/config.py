@@ -299,6 +299,9 @@ def validate(config: TrainConfig) -> None:
     choose("train.device", config.train.device, ("auto", "cpu", "cuda"))
     choose("train.autocast", config.train.autocast, ("auto", "bf16", "off"))
     choose("parallel.reduce_dtype", config.parallel.reduce_dtype, ("auto", "bf16", "fp32"))
+    from danastar.optim.schedules import SCHEDULES
+
+    choose("optim.scheduler", config.optim.scheduler, tuple(SCHEDULES))
     positive = {
         "model.heads": config.model.heads, "train.batch_size": config.train.batch_size,
         "train.acc_steps": config.train.acc_steps, "train.sequence_length": config.train.sequence_length,

@@ -118,3 +118,10 @@ def test_impossible_batch_layout_is_one_sentence_and_exit_2(capsys):
 def test_unknown_key_is_one_sentence_and_exit_2(capsys):
     assert danastar_main(["train", "train.sed=3"]) == 2
     assert "did you mean 'train.seed'" in capsys.readouterr().err
+
+
+def test_optimizer_hyperparameters_it_rejects_are_a_user_error(tmp_path):
+    # AdEMAMix's slow EMA β3 = 1 − δ/T is negative for a run shorter than δ steps.
+    config, _ = load_config([*TINY, "--opt", "ademamix", "--iterations", "3", "--run_dir", str(tmp_path)])
+    with pytest.raises(UserError, match="cannot run this plan.*change the optimizer settings or --iterations"):
+        loop.train(config)

@@ -60,9 +60,13 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     flops_per_token = model.flops_per_token(seq_len)
     model = parallel.parallelize(model, config, env)
     core = parallel.unwrap(model)  # the model itself, for parameter groups, sampling and checkpoints
-    optimizer = build_optimizer(plan.opt, core.param_groups(plan.weight_decay), lr=plan.lr,
-                                **plan.optimizer_hparams)
-    schedule = get_schedule(config.optim.scheduler, plan.warmup_steps, iterations)
+    try:  # the optimizer and schedule check their hyperparameters (ValueError): the user's to fix
+        optimizer = build_optimizer(plan.opt, core.param_groups(plan.weight_decay), lr=plan.lr,
+                                    **plan.optimizer_hparams)
+        schedule = get_schedule(config.optim.scheduler, plan.warmup_steps, iterations)
+    except ValueError as error:
+        raise UserError(f"{plan.opt} with schedule {config.optim.scheduler} cannot run this plan "
+                        f"({str(error).rstrip('.')}); change the optimizer settings or --iterations.") from None
 
     # -- resume --------------------------------------------------------------------------------
     checkpointer = Checkpointer(run_dir / "checkpoints", sharded=env.sharded,
