@@ -9,7 +9,7 @@ from danastar.train.logging import RunLogger, read_metrics, truncate_metrics
 
 def make_logger(run_dir, resumed=False, start_step=0, **logging_keys):
     config = merge([{"logging": {"progress": False, **logging_keys}}])
-    return RunLogger(run_dir, config, rank=0, world_size=1, total_steps=10, start_step=start_step, resumed=resumed)
+    return RunLogger(run_dir, config, rank=0, total_steps=10, start_step=start_step, resumed=resumed)
 
 
 def test_metrics_lines_and_rank_log(tmp_path):

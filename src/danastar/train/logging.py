@@ -112,8 +112,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 class RunLogger:
     """metrics.jsonl + progress bar + console + trackers for rank 0; a file log for every rank."""
 
-    def __init__(self, run_dir: Path, config, *, rank: int, world_size: int, total_steps: int,
-                 start_step: int, resumed: bool):
+    def __init__(self, run_dir: Path, config, *, rank: int, total_steps: int, start_step: int, resumed: bool):
         self.run_dir = Path(run_dir)
         self.is_main = rank == 0
         self.file_log = rank_logger(self.run_dir, rank)
@@ -194,5 +193,5 @@ def start_wandb(config, run_dir: Path, resumed: bool):
     except ImportError:
         raise UserError("wandb is not installed; pip install 'danastar[wandb]' or pass --no_wandb.") from None
     mode = "offline" if config.logging.wandb_offline or os.environ.get("WANDB_MODE") == "offline" else None
-    return wandb.init(project=config.logging.wandb_project, name=run_dir.name, id=run_dir.name.replace("/", "-"),
+    return wandb.init(project=config.logging.wandb_project, name=run_dir.name, id=run_dir.name,
                       dir=str(run_dir), config=config.to_dict(), mode=mode, resume="allow" if resumed else None)

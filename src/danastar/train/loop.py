@@ -79,8 +79,8 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
         same_topology = len(run_state["rng"]) == env.world_size  # else the RNG streams cannot be matched
         if same_topology:
             set_rng_state(run_state["rng"][env.rank])
-    log = RunLogger(run_dir, config, rank=env.rank, world_size=env.world_size, total_steps=iterations,
-                    start_step=step, resumed=found is not None)
+    log = RunLogger(run_dir, config, rank=env.rank, total_steps=iterations, start_step=step,
+                    resumed=found is not None)
     cleanup.callback(log.close)
     if env.is_main:
         save_yaml(config, run_dir / "config.yaml")
