@@ -10,7 +10,7 @@ synthetic` is an in-memory power-law Markov source for smoke tests without any c
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -31,7 +31,7 @@ class TrainingData:
         self.env = env
         self.device = env.device
         self.tokenizer = tokens.tokenizer() if tokens.path is not None else None
-        self._validation = lru_cache(maxsize=2)(self._load_validation)
+        self._periodic = lru_cache(maxsize=1)(self._load_validation)
 
     @classmethod
     def open(cls, config: TrainConfig, env: Distributed, layout: BatchLayout) -> "TrainingData":
@@ -53,16 +53,18 @@ class TrainingData:
         """(inputs, targets) of this rank for (step, micro-step), on the device."""
         return self.loader.get(step, micro_step)
 
-    def validation_batches(self, count: Optional[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The first `count` fixed validation batches (None: all), this rank's rows of each."""
-        return self._validation(count)
+    def validation_batches(self, count: Optional[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The first `count` fixed validation batches (None: all), this rank's rows of each, moved to
+        the device one at a time. The periodic set is kept in (host) memory; the whole set is not."""
+        batches = self._periodic(count) if count is not None else self._load_validation(None)
+        for inputs, targets in batches:
+            yield inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
 
     def _load_validation(self, count: Optional[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # The validation batch is the global micro-batch, so its rows do not depend on the world size.
         batch_size = self.layout.micro_batch_per_rank * self.env.data_world
-        batches = validation_batches(self.tokens, seq_len=self.layout.sequence_length, batch_size=batch_size,
-                                     num_batches=count, rank=self.env.data_rank, world_size=self.env.data_world)
-        return [(x.to(self.device), y.to(self.device)) for x, y in batches]
+        return validation_batches(self.tokens, seq_len=self.layout.sequence_length, batch_size=batch_size,
+                                  num_batches=count, rank=self.env.data_rank, world_size=self.env.data_world)
 
     @property
     def eot_id(self) -> int:
