@@ -189,7 +189,7 @@ def merge_with_earlier_runs(out: Path, rows: list[dict], device) -> list[dict]:
 def markdown_table(rows) -> str:
     """One row per optimizer and path, one column per size: ms/step (GB/s, ratio to fused)."""
     sizes = sorted({r["params"] for r in rows})
-    names = list(dict.fromkeys(r["optimizer"] for r in rows))
+    names = [name for name in CANDIDATES if any(r["optimizer"] == name for r in rows)]
     cell = {(r["optimizer"], r["params"]): r for r in rows}
     lines = ["| optimizer / path | " + " | ".join(f"{s:.1e} params" for s in sizes) + " |",
              "|---|" + "---|" * len(sizes)]

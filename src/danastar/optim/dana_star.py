@@ -34,7 +34,9 @@ def star_terms(m, denom, tau, k, tau_floor, kappa, clipsnr):
     effective_time = torch.clamp(tau * k, min=1)
     norm = tau_reg.sqrt() / denom
     snr = m.abs() * norm / tau_reg
-    damping = effective_time ** (1 - kappa) * snr
+    # T_eff^(1 - kappa) as exp((1 - kappa) log T_eff): the same value to a few ulps, and the
+    # vectorised CPU kernel computes it in two thirds of the time of pow.
+    damping = torch.exp((1 - kappa) * torch.log(effective_time)) * snr
     if clipsnr is not None:
         damping = damping.clamp(max=clipsnr)
     return tau_reg, norm, snr, damping
@@ -78,7 +80,9 @@ def dana_star_foreach_update(params, grads, ms, vs, taus, *, a, k, tau_floor, lr
     torch._foreach_clamp_min_(tau_reg, tau_floor)
     effective_time = torch._foreach_mul(taus, k)
     torch._foreach_clamp_min_(effective_time, 1)
-    torch._foreach_pow_(effective_time, 1 - kappa)
+    torch._foreach_log_(effective_time)
+    torch._foreach_mul_(effective_time, 1 - kappa)
+    torch._foreach_exp_(effective_time)
 
     norm = torch._foreach_sqrt(tau_reg)
     torch._foreach_div_(norm, denom)
