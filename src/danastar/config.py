@@ -206,7 +206,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
-        raise UserError(f"config file {path} is not valid YAML ({error}); fix its syntax.") from None
+        raise UserError(f"config file {path} is not valid YAML ({str(error).splitlines()[0]}); fix its syntax.") from None
     if not isinstance(loaded, dict):
         raise UserError(f"config file {path} must hold a mapping of sections (model:, optim:, train:, ...).")
     return loaded
