@@ -182,9 +182,13 @@ class PerTensorOptimizer(torch.optim.Optimizer):
                 continue  # skipped: its step count does not advance
             if param.grad.is_sparse:
                 raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            grad = param.grad
+            if isinstance(grad, DTensor) and grad.placements != param.placements:
+                # The update is elementwise on local shards: lay the grad out like the param.
+                grad = grad.redistribute(param.device_mesh, param.placements)
             state = self._init_state(param)
             params.append(local(param))
-            grads.append(local(param.grad))
+            grads.append(local(grad))
             steps.append(state["step"])
             for buffer, name in zip(buffers, self.buffer_names):
                 buffer.append(local(state[name]))
