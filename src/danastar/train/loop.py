@@ -76,6 +76,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     if found is not None:
         run_state = checkpointer.load(found, core, optimizer)
         step, skipped_total = run_state["step"], run_state["skipped_steps"]
+        data.loader.load_state_dict(run_state["data_position"])  # batches are a function of the step
         same_topology = len(run_state["rng"]) == env.world_size  # else the RNG streams cannot be matched
         if same_topology:
             set_rng_state(run_state["rng"][env.rank])
@@ -104,7 +105,8 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
 
     def save(kind: str = "latest") -> None:
         checkpointer.save(step, core, optimizer, {"step": step, "skipped_steps": skipped_total,
-                                                  "rng": gather_rng_states(), "plan": plan.to_dict()}, kind)
+                                                  "data_position": data.loader.state_dict(), "rng": gather_rng_states(),
+                                                  "plan": plan.to_dict()}, kind)
 
     def evaluate_and_log(final: bool = False) -> float:
         batches = config.train.final_eval_batches if final else config.train.eval_batches
