@@ -125,3 +125,16 @@ def test_optimizer_hyperparameters_it_rejects_are_a_user_error(tmp_path):
     config, _ = load_config([*TINY, "--opt", "ademamix", "--iterations", "3", "--run_dir", str(tmp_path)])
     with pytest.raises(UserError, match="cannot run this plan.*change the optimizer settings or --iterations"):
         loop.train(config)
+
+
+@pytest.mark.slow
+def test_compiled_blocks_train_like_eager(tmp_path, reference_runs):
+    short = ("--iterations", "4", "checkpoint.latest_every=-1")
+    compiled = tmp_path / "compiled"
+    assert_ok(run_train([*short, "train.compile=true"], compiled))
+    eager = metrics(reference_runs(short))
+    assert len(metrics(compiled)) == len(eager)
+    for got, expected in zip(metrics(compiled), eager):
+        for key in ("train_loss", "val_loss"):
+            if key in expected:
+                assert got[key] == pytest.approx(expected[key], rel=1e-4), (expected["step"], key)
