@@ -16,9 +16,6 @@ from pathlib import Path
 
 from danastar.config import TrainConfig, batch_layout, load_config, make_run_plan
 
-# Vocabularies of the tokenizers named sources are prepared with by default, for `--dry_run`
-# without prepared data: GPT-2's published vocabulary, and the size of the BPE trained on a corpus.
-GPT2_VOCAB_SIZE = 50257
 
 
 def main(argv: list[str]) -> int:
@@ -48,18 +45,20 @@ def dry_run(config: TrainConfig) -> dict:
 def planned_vocab_size(dataset: str) -> tuple[int, str]:
     """(vocabulary size, where it comes from) of a dataset, prepared or not."""
     from danastar.data import prepare, sources
+    from danastar.data.loader import RAW_META  # what GPT-2 token files hold (FineWeb's tokenizer too)
 
+    gpt2_vocab_size = RAW_META["vocab_size"]
     path = Path(dataset).expanduser()
     for directory in (path, prepare.default_data_dir(dataset)):
         if directory.is_dir() and (directory / prepare.META_FILE).is_file():
             meta = json.loads((directory / prepare.META_FILE).read_text())
             return int(meta["vocab_size"]), f"{directory / prepare.META_FILE}"
         if directory.is_dir() and (directory / "train.bin").is_file():
-            return GPT2_VOCAB_SIZE, "raw GPT-2 train.bin/val.bin"
+            return gpt2_vocab_size, "raw GPT-2 train.bin/val.bin"
     if dataset == "synthetic":
         from danastar.train.data import SYNTHETIC_VOCAB_SIZE
 
         return SYNTHETIC_VOCAB_SIZE, "the synthetic source"
     if dataset in sources.SOURCES and dataset != "fineweb":
         return sources.Corpus.default_vocab_size, f"the BPE {dataset} is prepared with on first use"
-    return GPT2_VOCAB_SIZE, "GPT-2 (fineweb's tokenizer; assumed for data not prepared yet)"
+    return gpt2_vocab_size, "GPT-2 (fineweb's tokenizer; assumed for data not prepared yet)"
