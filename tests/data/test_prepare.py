@@ -293,3 +293,15 @@ def test_a_vocabulary_beyond_uint16_is_stored_as_uint32(tmp_path):
     assert data.dtype == np.uint32 and int(data.val.max()) == 65_792
     assert sorted(documents_in(tmp_path / "out", "train") + documents_in(tmp_path / "out", "val")) == sorted(
         f"document {i}: ßpæcial ✓ " * 20 for i in range(12))
+
+
+def test_a_named_source_prepared_into_its_default_directory_is_found_by_name(tmp_path, monkeypatch):
+    # `danastar prepare fineweb` (no --out) then `danastar train --dataset fineweb`.
+    monkeypatch.setenv("DANASTAR_DATA_DIR", str(tmp_path / "data"))
+    with pytest.raises(UserError, match="run `danastar prepare fineweb`"):
+        ensure_prepared("fineweb")
+    default = prepare.default_data_dir("fineweb")
+    default.mkdir(parents=True)
+    for name in ("train.bin", "val.bin"):
+        np.arange(1000, dtype=np.uint16).tofile(default / name)
+    assert ensure_prepared("fineweb") == default

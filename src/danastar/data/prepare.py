@@ -59,14 +59,17 @@ def ensure_prepared(name_or_dir: str | os.PathLike) -> Path:
     if path.is_dir() and is_prepared(path):
         return path
     name = str(name_or_dir)
+    directory = default_data_dir(name) if name in SOURCES else None
+    if directory is not None and is_prepared(directory):
+        return directory  # a named source prepared earlier into its default directory
     if name not in AUTO_PREPARED:
         if path.exists():
             raise UserError(f"{name!r} holds no meta.json (nor train.bin/val.bin); prepare it with `danastar prepare SOURCE --out {name}`.")
+        if directory is not None:
+            raise UserError(f"{name!r} is not prepared yet; run `danastar prepare {name}` (it writes {directory}) "
+                            f"or pass a prepared directory.")
         raise UserError(f"data {name!r} is neither a prepared directory nor one of {', '.join(AUTO_PREPARED)}; "
                         f"prepare it first with `danastar prepare SOURCE --out DIR` and pass DIR.")
-    directory = default_data_dir(name)
-    if is_prepared(directory):
-        return directory
     directory.parent.mkdir(parents=True, exist_ok=True)
     import fcntl  # POSIX only, like the rest of the multi-process machinery
 
