@@ -6,7 +6,7 @@
    `--copies` times) with the Shakespeare BPE, with 1 worker and with one per core: in total (per
    wall-clock second) and per core (per CPU-second of all processes), medians of `--repeats`.
    Also the first-time Shakespeare preparation, end to end (download cached, BPE training included).
-2. Loader: time a training step of the CPU default run (configs/cpu_shakespeare.yaml: model,
+2. Loader: time a training step of the CPU default run (src/danastar/configs/cpu_shakespeare.yaml: model,
    micro-batch, sequence length) spends blocked in `TrainLoader.get` (prefetching, as in training),
    and the time to assemble one batch without prefetching, both relative to the step.
 
@@ -86,7 +86,7 @@ def loader_cost(scratch: Path, steps: int) -> dict:
     from danastar.models import ModelConfig, build_model
     from danastar.optim import build_optimizer
 
-    preset = yaml.safe_load((ROOT / "configs" / "cpu_shakespeare.yaml").read_text())
+    preset = yaml.safe_load((ROOT / "src" / "danastar" / "configs" / "cpu_shakespeare.yaml").read_text())
     batch, seq = preset["train"]["batch_size"], preset["train"]["sequence_length"]
     data = TokenData.open(scratch / "shakespeare")
     torch.manual_seed(0)

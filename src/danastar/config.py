@@ -29,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from danastar.errors import UserError
 
-CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"  # the repository's presets
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # the presets, shipped inside the package
 DEFAULT_PRESET = "cpu_shakespeare"
 
 
