@@ -118,6 +118,10 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     scalar_constants: tuple[str, ...]
     update_constants: tuple[str, ...]
     foreach_update: Callable | None = None
+    # Whether the compiled path may pass the scalars in float32 to groups without float64
+    # tensors (the kernel then skips converting float64 scalars): only for updates that do no
+    # arithmetic on a scalar that float32 would spoil, such as 1 - beta with beta near 1.
+    float32_scalars: bool = False
 
     def __init__(self, params, defaults: dict, impl: str | None = None):
         check(defaults["lr"] >= 0, f"lr must be >= 0, got {defaults['lr']}")
@@ -227,7 +231,10 @@ class PerTensorOptimizer(torch.optim.Optimizer):
 
     def _run_compiled(self, lists, scalars, constants):
         device = lists[0][0].device
-        scalars = {name: torch.tensor(value, dtype=torch.float64, device=device)
+        # float32 scalars (see float32_scalars) unless the group holds float64 tensors.
+        wide = not self.float32_scalars or any(p.dtype == torch.float64 for p in lists[0])
+        scalars = {name: torch.tensor(value, dtype=torch.float64 if wide else torch.float32,
+                                      device=device)
                    for name, value in scalars.items()}
         if getattr(self, "_compiled_runner", None) is None:
             self._compiled_runner = compile_per_tensor_runner()
