@@ -67,6 +67,22 @@ def test_dana_family_matches_spec(name, weight_decay, impl):
     run_against_spec(name, DANA[name], weight_decay, impl=impl)
 
 
+def test_a_small_clipsnr_binds_in_the_spec():
+    """The clipping test below is only meaningful if min(A, clipsnr) changes the update."""
+    g = np.array([1.0, -0.5, 2.0])
+    for star in (False, True):
+        clipped = spec.dana_step(np.zeros(3), g, spec.initial_state((3,)), 1, 1e-3, 1.0,
+                                 star=star, clipsnr=0.3)
+        free = spec.dana_step(np.zeros(3), g, spec.initial_state((3,)), 1, 1e-3, 1.0, star=star)
+        assert np.all(np.abs(clipped) < np.abs(free))
+
+
+@pytest.mark.parametrize("impl", ["reference", "foreach", "compiled"])
+@pytest.mark.parametrize("name, star", [("dana-mk4", False), ("dana-star-mk4", True)])
+def test_snr_clipping_matches_spec_when_it_binds(name, star, impl):
+    run_against_spec(name, partial(spec.dana_step, star=star), {"clipsnr": 0.3}, impl=impl)
+
+
 @pytest.mark.parametrize("weight_decay", WEIGHT_DECAYS, ids=["no-wd", "wd", "wd-decaying"])
 def test_adamw_decaying_wd_matches_spec(weight_decay):
     run_against_spec("adamw-decaying-wd", spec.adamw_decaying_wd_step, weight_decay)
