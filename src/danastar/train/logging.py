@@ -175,11 +175,16 @@ class RunLogger:
                               for k, v in shown.items()}, refresh=False)
         self.bar.refresh()
 
+    def end_progress(self) -> None:
+        """Close the progress bar, so that what is printed next (the sample) stands below it."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
     def close(self) -> None:
         if not self.is_main:
             return
-        if self.bar is not None:
-            self.bar.close()
+        self.end_progress()
         self.metrics_file.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()

@@ -197,6 +197,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
             break
 
     if step == iterations and config.train.sample_tokens > 0:
+        log.end_progress()
         log.info("sample:\n" + generate_sample(model, core, data, config, autocast))
     return exit_code
 
