@@ -115,6 +115,21 @@ def test_impossible_batch_layout_is_one_sentence_and_exit_2(capsys):
     assert "does not split over 4 data-parallel ranks" in error and error.count("\n") == 1
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--kappa", "1.5"], "kappa must be in (0, 1]"),
+    (["--opt", "dana-star-mk4", "--clipsnr", "0"], "clipsnr must be None or > 0"),
+    (["--lr", "-1"], "lr must be >= 0"),
+])
+def test_dry_run_rejects_the_optimizer_settings_training_would_reject(capsys, flags, message):
+    assert danastar_main(["train", *flags, "--dataset", "fineweb", "--dry_run"]) == 2
+    error = capsys.readouterr().err
+    assert message in error and error.count("\n") == 1
+
+
+def test_dry_run_builds_the_muon_route_on_stand_in_parameters(capsys):
+    assert dry_run(capsys, "--opt", "muon", "--dataset", "fineweb")["plan"]["opt"] == "muon"
+
+
 def test_unknown_key_is_one_sentence_and_exit_2(capsys):
     assert danastar_main(["train", "train.sed=3"]) == 2
     assert "did you mean 'train.seed'" in capsys.readouterr().err

@@ -17,7 +17,6 @@ from pathlib import Path
 from danastar.config import TrainConfig, batch_layout, load_config, make_run_plan
 
 
-
 def main(argv: list[str]) -> int:
     config, args = load_config(argv)
     if getattr(args, "dry_run", False):
@@ -38,8 +37,25 @@ def dry_run(config: TrainConfig) -> dict:
     layout = batch_layout(config, world_size)
     vocab_size, vocab_from = planned_vocab_size(config.data.dataset)
     plan = make_run_plan(config, vocab_size, layout.data_parallel_size)
+    check_optimizer_settings(plan, config)
     return {"plan": plan.to_dict(), "batch_layout": layout.to_dict(), "dataset": config.data.dataset,
             "vocab_size_from": vocab_from, "config": config.to_dict()}
+
+
+def check_optimizer_settings(plan, config: TrainConfig) -> None:
+    """Build the planned optimizer and schedule over stand-in parameters (a hidden matrix, an
+    embedding, a norm weight), so that a dry run rejects the settings training would reject."""
+    import torch
+
+    from danastar.train.loop import make_optimizer
+
+    stand_ins = {"blocks.0.mlp.up_proj.weight": (4, 4), "embed.weight": (8, 4), "norm.weight": (4,)}
+    params = {name: torch.nn.Parameter(torch.zeros(shape)) for name, shape in stand_ins.items()}
+    decayed = ["blocks.0.mlp.up_proj.weight"]
+    groups = [{"params": [params[n] for n in decayed], "names": decayed, "weight_decay": plan.weight_decay},
+              {"params": [p for n, p in params.items() if n not in decayed],
+               "names": [n for n in params if n not in decayed], "weight_decay": 0.0}]
+    make_optimizer(plan, config, groups)
 
 
 def planned_vocab_size(dataset: str) -> tuple[int, str]:

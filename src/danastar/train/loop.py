@@ -60,13 +60,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     flops_per_token = model.flops_per_token(seq_len)
     model = parallel.parallelize(model, config, env)
     core = parallel.unwrap(model)  # the model itself, for parameter groups, sampling and checkpoints
-    try:  # the optimizer and schedule check their hyperparameters (ValueError): the user's to fix
-        optimizer = build_optimizer(plan.opt, core.param_groups(plan.weight_decay), lr=plan.lr,
-                                    **plan.optimizer_hparams)
-        schedule = get_schedule(config.optim.scheduler, plan.warmup_steps, iterations)
-    except ValueError as error:
-        raise UserError(f"{plan.opt} with schedule {config.optim.scheduler} cannot run this plan "
-                        f"({str(error).rstrip('.')}); change the optimizer settings or --iterations.") from None
+    optimizer, schedule = make_optimizer(plan, config, core.param_groups(plan.weight_decay))
 
     # -- resume --------------------------------------------------------------------------------
     checkpointer = Checkpointer(run_dir / "checkpoints", sharded=env.sharded,
@@ -203,6 +197,20 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
 
 
 # ----------------------------------------------------------------------------------------------
+
+def make_optimizer(plan, config: TrainConfig, param_groups: list[dict]):
+    """The planned optimizer over `param_groups` and its LR schedule.
+
+    Both check their hyperparameters (ValueError); a bad value is the user's to fix.
+    """
+    try:
+        optimizer = build_optimizer(plan.opt, param_groups, lr=plan.lr, **plan.optimizer_hparams)
+        schedule = get_schedule(config.optim.scheduler, plan.warmup_steps, plan.iterations)
+    except ValueError as error:
+        raise UserError(f"{plan.opt} with schedule {config.optim.scheduler} cannot run this plan "
+                        f"({str(error).rstrip('.')}); change the optimizer settings or --iterations.") from None
+    return optimizer, schedule
+
 
 def autocast_context(config: TrainConfig, device: torch.device):
     """bf16 autocast on CUDA by default; off on CPU unless asked for (it is slow there)."""
