@@ -244,7 +244,7 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
     else:
         law = lr_law(arch, opt, non_embedding, global_batch=global_batch, kappa=kappa)
         if law is None:
-            raise ValueError(f"optimizer {opt!r} has no learning-rate law; pass lr explicitly")
+            raise ValueError(f"optimizer {opt!r} has no learning-rate law; pass lr explicitly (--lr on the command line)")
         lr, lr_rule = law
 
     style = rules()["weight_decay_style"].get(opt, "none")
