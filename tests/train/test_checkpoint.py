@@ -92,6 +92,22 @@ def test_staging_on_local_disk_copies_in_the_background(tmp_path):
     assert not [p for p in staging.rglob("*") if p.is_file()]  # staged copies are removed once moved
 
 
+def test_staged_sharded_checkpoint_is_published_verified_and_loads(tmp_path):
+    staging = tmp_path / "local"
+    checkpointer = Checkpointer(tmp_path / "run", sharded=True, staging_root=staging)
+    model, _ = save_steps(checkpointer, [3, 6])
+    checkpointer.wait()
+    assert [p.name for p in checkpointer.checkpoints()] == ["latest-00000003", "latest-00000006"]
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".tmp-")]
+    assert not [p for p in staging.rglob("*") if p.is_file()]
+    meta, _ = verify(tmp_path / "run" / "latest-00000006")
+    assert meta["layout"] == "dcp" and {".metadata", "run_state.pt"} <= set(meta["files"])
+    fresh_model, fresh_optimizer = trained_pair(seed=1)
+    assert checkpointer.load(checkpointer.find_latest(), fresh_model, fresh_optimizer)["step"] == 6
+    for a, b in zip(model.state_dict().values(), fresh_model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
 def test_slurm_tmpdir_turns_staging_on(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_TMPDIR", str(tmp_path / "node"))
     checkpointer = Checkpointer(tmp_path / "run", sharded=False)

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from train_helpers import (assert_ok, compared, last_step, metrics, run_train, start_train, wait_for_step)
 
-from danastar.train.checkpoint import Checkpointer
+from danastar.train.checkpoint import Checkpointer, verify
 from danastar.train.signals import PREEMPTED_EXIT_CODE
 
 RUN = ("--iterations", "40", "checkpoint.latest_every=3")
@@ -53,6 +53,32 @@ def test_fsdp_resume_matches_within_rounding(tmp_path, reference_runs):
     for (step, key, got), (_, _, expected) in zip(resumed, reference):
         assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), (step, key)
     assert "dcp" in (run_dir / "checkpoints" / sorted(os.listdir(run_dir / "checkpoints"))[-1] / "meta.json").read_text()
+
+
+@pytest.mark.slow
+def test_fsdp_checkpoints_staged_on_slurm_tmpdir_are_published_complete_and_resume(tmp_path, monkeypatch,
+                                                                                   reference_runs):
+    fsdp = ("--distributed_backend", "fsdp")
+    reference = compared(reference_runs((*RUN, *fsdp), torchrun=2))
+    node = tmp_path / "node"
+    monkeypatch.setenv("SLURM_TMPDIR", str(node))  # both ranks share this "node-local" disk
+    run_dir = tmp_path / "run"
+    assert_ok(run_train([*RUN, *fsdp, "--iterations_to_run", "20"], run_dir, torchrun=2))
+    checkpoints = run_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest-00000018", "latest-00000020"]
+    for path in checkpoints.iterdir():
+        meta, problem = verify(path)
+        assert meta is not None, (path, problem)
+        assert meta["layout"] == "dcp" and {".metadata", "run_state.pt"} <= set(meta["files"])
+        assert len([name for name in meta["files"] if name.endswith(".distcp")]) >= 2  # both ranks' shards
+    assert node.is_dir() and not [p for p in node.rglob("*") if p.is_file()]  # staged copies removed
+    assert_ok(run_train([*RUN, *fsdp], run_dir, torchrun=2))
+    assert "resumed from" in (run_dir / "logs" / "rank0.log").read_text()
+    assert "at step 20" in (run_dir / "logs" / "rank0.log").read_text()
+    resumed = compared(run_dir)
+    assert [(step, key) for step, key, _ in resumed] == [(step, key) for step, key, _ in reference]
+    for (step, key, got), (_, _, expected) in zip(resumed, reference):
+        assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), (step, key)
 
 
 def test_sigterm_saves_a_loadable_checkpoint_and_exits_with_the_preemption_code(tmp_path, reference_runs):

@@ -11,8 +11,10 @@ hidden temporary directory, fsynced, and renamed into place, so a directory with
 `meta.json` whose checksums match is complete; anything else is skipped at resume with a
 message. Older `latest` checkpoints are removed only after a newer one is in place, and
 `keep_latest` of them are kept so that a corrupt one can be skipped. With `$SLURM_TMPDIR` (a
-fast node-local disk) a single-file checkpoint is written there first and copied to the run
-directory in the background, then moved into place atomically.
+fast node-local disk) a checkpoint is written there first and copied to the run directory in the
+background, then moved into place atomically: a single file by rank 0; DCP shards by every rank,
+each from its own node's disk (the files it wrote; rank 0 adds `.metadata` and the run state)
+into the hidden directory, which rank 0 checksums and renames once every rank's copy is done.
 
 The run state saved with the weights is whatever the loop passes as `run_state`: the step, the
 RNG states of every rank, the data position, counters. Batches are a pure function of the step,
@@ -21,6 +23,7 @@ so the step is the data position.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -158,11 +161,17 @@ class Checkpointer:
         self.log = log
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
-        if staging_root is None and os.environ.get("SLURM_TMPDIR") and not sharded:
+        if staging_root is None and os.environ.get("SLURM_TMPDIR"):
             staging_root = Path(os.environ["SLURM_TMPDIR"]) / "danastar-checkpoints"
         self.staging_root = staging_root
         self._copy_thread: Optional[threading.Thread] = None
         self._copy_error: Optional[BaseException] = None
+        # A staged sharded checkpoint is complete only when every rank has copied its shards, so its
+        # background copy ends in a collective. It runs on a gloo group of its own (created here,
+        # by every rank, as collectives must be), never interleaving with the training thread's.
+        self._copy_group = None
+        if sharded and staging_root is not None and self.distributed:
+            self._copy_group = dist.new_group(backend="gloo")
 
     # -- saving --------------------------------------------------------------------------------
 
@@ -189,7 +198,10 @@ class Checkpointer:
             self._prune()
             return
         # Staged on the node-local disk: copy to the run directory in the background.
-        self._copy_thread = threading.Thread(target=self._copy_staged, args=(root / name,), daemon=True)
+        self._start_copy(self._copy_staged, root / name)
+
+    def _start_copy(self, target, *args) -> None:
+        self._copy_thread = threading.Thread(target=target, args=args, daemon=True)
         self._copy_thread.start()
 
     def _staging_dir(self) -> Path:
@@ -221,18 +233,63 @@ class Checkpointer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        self.wait()  # one background copy at a time, in order (every rank calls save)
         temporary = self.directory / f".tmp-{name}"
         if self.rank == 0:
             self._fresh_dir(temporary)
+        # Staged: each rank writes into a folder of its own on its node's disk, so that the files
+        # in it are exactly the ones this rank must copy (ranks on one node share the disk).
+        staged = self._staging_dir() / f".tmp-{name}" / f"rank-{self.rank:05d}" if self.staging_root else None
+        if staged is not None:
+            self._fresh_dir(staged)
         self._barrier()
         model_state, optimizer_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(temporary))
+        dcp.save({"model": model_state, "optimizer": optimizer_state},
+                 storage_writer=dcp.FileSystemWriter(staged if staged is not None else temporary))
+        if staged is not None:
+            if self.rank == 0:
+                torch.save(run_state, staged / RUN_STATE_FILE)
+            self._start_copy(self._copy_staged_shards, staged, temporary, self.directory / name, step)
+            return
         self._barrier()
         if self.rank == 0:
             torch.save(run_state, temporary / RUN_STATE_FILE)
             write_meta(temporary, step, "dcp")
             publish(temporary, self.directory / name)
             self._prune()
+
+    def _copy_staged_shards(self, staged: Path, temporary: Path, final: Path, step: int) -> None:
+        """Background: copy this rank's staged files into `temporary`; rank 0 publishes it once all did."""
+        error: Optional[BaseException] = None
+        try:
+            for path in sorted(staged.rglob("*")):
+                if path.is_file():
+                    target = temporary / path.relative_to(staged)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(path, target)
+                    with open(target, "rb") as handle:  # durable (and visible to rank 0) before the vote
+                        os.fsync(handle.fileno())
+        except BaseException as copy_error:
+            error = copy_error
+        try:
+            # Every rank reaches this (also after a failed copy), so that all learn whether any failed.
+            mine = None if error is None else f"rank {self.rank}: {error!r}"
+            failures = [mine]
+            if self._copy_group is not None:
+                failures = [None] * dist.get_world_size()
+                dist.all_gather_object(failures, mine, group=self._copy_group)
+            failed = [failure for failure in failures if failure is not None]
+            if failed:
+                raise RuntimeError("; ".join(failed)) from error
+            if self.rank == 0:  # every shard is in place: checksum, fsync and rename as unstaged
+                write_meta(temporary, step, "dcp")
+                publish(temporary, final)
+                self._prune()
+            shutil.rmtree(staged, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                staged.parent.rmdir()  # the last rank of the node to finish removes the step's folder
+        except BaseException as finish_error:  # reported by wait() in the training thread
+            self._copy_error = finish_error
 
     def _fresh_dir(self, path: Path) -> None:
         if path.exists():
