@@ -59,14 +59,21 @@ def adana_update(param, grad, m, v, *, a, boost, lr, decay, clipsnr, eps):
         param.copy_(work)
 
 
-def adana_foreach_update(params, grads, ms, vs, *, a, boost, lr, decay, clipsnr, eps):
-    """`adana_update` over lists of tensors (Python-float scalars)."""
-    work, grads = working_copies(params, grads, ms)
+def foreach_log_time_moments(ms, vs, grads, a, eps):
+    """The DANA family's moment update over lists: m <- lerp(m, g, a), v <- (1 - a) v + a g^2;
+    returns the denominators D = sqrt(v) + eps."""
     torch._foreach_lerp_(ms, grads, a)
     torch._foreach_mul_(vs, 1 - a)
     torch._foreach_addcmul_(vs, grads, grads, value=a)
     denom = torch._foreach_sqrt(vs)
     torch._foreach_add_(denom, eps)
+    return denom
+
+
+def adana_foreach_update(params, grads, ms, vs, *, a, boost, lr, decay, clipsnr, eps):
+    """`adana_update` over lists of tensors (Python-float scalars)."""
+    work, grads = working_copies(params, grads, ms)
+    denom = foreach_log_time_moments(ms, vs, grads, a, eps)
     damping = torch._foreach_abs(ms)
     torch._foreach_div_(damping, denom)
     torch._foreach_mul_(damping, boost)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ._kernel import decay_multiplier
-from .adana import DanaBase, finish_foreach, working_copies
+from .adana import DanaBase, finish_foreach, foreach_log_time_moments, working_copies
 
 
 def dana_star_scalars(k, lr, schedule_factor, *, delta, weight_decay, wd_ts):
@@ -85,11 +85,7 @@ def dana_star_foreach_update(params, grads, ms, vs, taus, *, a, k, tau_floor, lr
                              clipsnr, eps):
     """`dana_star_update` over lists of tensors (Python-float scalars)."""
     work, grads = working_copies(params, grads, ms)
-    torch._foreach_lerp_(ms, grads, a)
-    torch._foreach_mul_(vs, 1 - a)
-    torch._foreach_addcmul_(vs, grads, grads, value=a)
-    denom = torch._foreach_sqrt(vs)
-    torch._foreach_add_(denom, eps)
+    denom = foreach_log_time_moments(ms, vs, grads, a, eps)
 
     grad_size = torch._foreach_abs(grads)
     frequency = torch._foreach_div(grad_size, torch._foreach_add(grad_size, denom))
