@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from danastar.optim import AdamWDecayingWD, ADana, AdEMAMix, DanaStar
+from danastar.optim import ADana, AdEMAMix, DanaStar
 
 SHAPES = [(16, 8), (8,), (3, 5, 2), (1,)]
 DANA_VARIANTS = {

@@ -15,7 +15,7 @@ from torch import nn
 from danastar import scaling
 from danastar.models.config import ModelConfig
 from danastar.models.layers import KVCache, RMSNorm, rope_frequencies
-from danastar.models.loss import LossOutput, chunked_cross_entropy
+from danastar.models.loss import chunked_cross_entropy
 
 
 class Transformer(nn.Module):
