@@ -62,9 +62,17 @@ def schedule_factor(group: dict) -> float:
 
 
 def run_per_tensor(update, params, grads, buffers, scalars, constants):
-    """Apply ``update`` to each tensor: the reference path, and (compiled) the fast one."""
+    """Apply ``update`` to each tensor: the reference path."""
     for i, (param, grad) in enumerate(zip(params, grads)):
         update(param, grad, *(buffer[i] for buffer in buffers), **scalars, **constants)
+
+
+def run_per_tensor_packed(update, params, grads, buffers, packed, names, constants):
+    """`run_per_tensor` with the per-step scalars packed in one 1-D tensor (``names`` says which
+    is which): the function the compiled path compiles. One tensor moves to the device per step
+    (asynchronously, from pinned memory) instead of one blocking copy per scalar."""
+    scalars = {name: packed[i] for i, name in enumerate(names)}
+    run_per_tensor(update, params, grads, buffers, scalars, constants)
 
 
 def compiled_available() -> bool:
@@ -77,14 +85,29 @@ def compiled_available() -> bool:
 
 
 def compile_per_tensor_runner() -> Callable:
-    """A compiled copy of `run_per_tensor` with a code object of its own.
+    """A compiled copy of `run_per_tensor_packed` with a code object of its own.
 
     Dynamo keeps its cache, and its recompile limit, per code object; one copy per optimizer
-    keeps optimizers (and their groups of different shapes) from evicting each other.
+    keeps optimizers (and their groups of different shapes) from evicting each other. Dynamo's
+    guards already check every input's size and stride, so inductor's own per-call size asserts
+    (one per tensor, a measurable part of a step's host time) are left out.
     """
-    code = run_per_tensor.__code__.replace()  # an equal but distinct code object
-    copy = types.FunctionType(code, run_per_tensor.__globals__, run_per_tensor.__name__)
-    return torch.compile(copy, fullgraph=True, dynamic=False)
+    runner = run_per_tensor_packed
+    code = runner.__code__.replace()  # an equal but distinct code object
+    copy = types.FunctionType(code, runner.__globals__, runner.__name__)
+    return torch.compile(copy, fullgraph=True, dynamic=False, options={"size_asserts": False})
+
+
+def pack_scalars(values: list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The per-step scalars as one tensor on ``device``; on a GPU copied from pinned memory
+    without blocking the host (the caching host allocator keeps the source alive until the copy
+    is done)."""
+    packed = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return packed
+    if device.type == "cuda":
+        packed = packed.pin_memory()
+    return packed.to(device, non_blocking=True)
 
 
 # On CPU a compile costs tens of seconds; below this many elements per group the foreach path
@@ -213,9 +236,9 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     def _update_group(self, group, params, grads, buffers, steps):
         impl = self.resolve_impl(params)
         constants = {name: group[name] for name in self.update_constants}
+        torch._foreach_add_(steps, 1)  # one call for the group, not one per tensor
         buckets: dict[float, list[int]] = {}
         for i, step in enumerate(steps):
-            step += 1
             buckets.setdefault(step.item(), []).append(i)
         for k, index in buckets.items():
             def pick(tensors, index=index):
@@ -233,22 +256,21 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         device = lists[0][0].device
         # float32 scalars (see float32_scalars) unless the group holds float64 tensors.
         wide = not self.float32_scalars or any(p.dtype == torch.float64 for p in lists[0])
-        scalars = {name: torch.tensor(value, dtype=torch.float64 if wide else torch.float32,
-                                      device=device)
-                   for name, value in scalars.items()}
+        names = tuple(scalars)
+        packed = pack_scalars([scalars[name] for name in names],
+                              torch.float64 if wide else torch.float32, device)
         if getattr(self, "_compiled_runner", None) is None:
             self._compiled_runner = compile_per_tensor_runner()
         try:
             # Each group compiles once (and once more per pattern of None grads).
             with torch._dynamo.config.patch(recompile_limit=8 + 2 * len(self.param_groups)):
-                self._compiled_runner(type(self).update, *lists, scalars, constants)
+                self._compiled_runner(type(self).update, *lists, packed, names, constants)
         except Exception as error:  # compilation failed (no compiler, unsupported platform)
             if self.impl == "compiled" or getattr(self, "_compile_worked", False):
                 raise
             warnings.warn(f"{type(self).__name__}: torch.compile failed ({error}); "
                           "using the non-compiled path", stacklevel=4)
             self.impl = self.uncompiled_impl(lists[0])
-            scalars = {name: value.item() for name, value in scalars.items()}
             if self.impl == "foreach":
                 type(self).foreach_update(lists[0], lists[1], *lists[2], **scalars, **constants)
             else:
