@@ -49,10 +49,14 @@ def rope_frequencies(head_dim: int, max_seq_len: int, theta: float,
 def apply_rope(x: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
     """Rotate interleaved pairs (2i, 2i+1) of x (B, T, H, hd) by ``frequencies`` (T, hd/2, 2,
     from ``rope_frequencies``): each pair, as a complex number, is multiplied by e^(i·angle),
-    in float32. The result has x's dtype."""
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-    rotation = torch.view_as_complex(frequencies)[:, None, :]  # broadcast over heads
-    rotated = torch.view_as_real(pairs * rotation)
+    in float32. The result has x's dtype.
+
+    The complex product is written out in real arithmetic, (a + ib)(c + is) = (ac − bs) +
+    i(as + bc): the same values (bitwise on CPU), and torch.compile fuses it with its
+    neighbours, while complex tensors would leave inductor to run them as separate kernels."""
+    real, imag = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = frequencies[:, None, :, 0], frequencies[:, None, :, 1]  # broadcast over heads
+    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
     return rotated.flatten(-2).to(x.dtype)
 
 
