@@ -19,6 +19,9 @@ from danastar.models.loss import chunked_cross_entropy
 
 
 class Transformer(nn.Module):
+    # Whether the loss's elementwise work runs compiled (set when the blocks are compiled).
+    compile_loss: bool = False
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
@@ -96,7 +99,8 @@ class Transformer(nn.Module):
         if targets is None:
             return self.lm_head(hidden)
         return chunked_cross_entropy(hidden, self.lm_head.weight, targets,
-                                     z_loss=self.config.z_loss, chunk=self.config.loss_chunk)
+                                     z_loss=self.config.z_loss, chunk=self.config.loss_chunk,
+                                     compiled=self.compile_loss)
 
     # -- bookkeeping --------------------------------------------------------------------------
 

@@ -120,6 +120,8 @@ def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
     if config.train.compile:
         for block in model.blocks:  # per block: FSDP2 then wraps compiled blocks unchanged
             block.compile()
+        # The loss's elementwise work too (a vocabulary-sharded head under TP stays eager).
+        model.compile_loss = config.parallel.tp_size == 1
     if env.sharded:
         return apply_fsdp(model, config, env)
     if env.backend == "ddp":
