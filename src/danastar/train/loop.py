@@ -137,11 +137,15 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
             ce_sum += cross_entropy.detach()
 
         grad_norm = clip_grad_norm(model, config.optim.grad_clip)
-        # One all-reduce carries the losses and whether any rank was asked to stop.
+        # One all-reduce carries the losses and whether any rank was asked to stop, and one copy
+        # to the host (the step's only wait for the device) brings them with the gradient norm.
         stats = torch.stack([loss_sum / acc_steps, ce_sum / acc_steps,
-                             torch.tensor(float(preemption.is_set), device=env.device)]).float()
+                             torch.full((), float(preemption.is_set), device=env.device)]).float()
         parallel.all_reduce_sum(stats)
-        train_loss, train_ce, stop_requested = (stats[:2] / env.world_size).tolist() + [stats[2].item() > 0]
+        train_loss, train_ce, stop_flag, grad_norm = torch.cat(
+            [stats[:2] / env.world_size, stats[2:],
+             torch.as_tensor(grad_norm, dtype=torch.float32, device=env.device).reshape(1)]).tolist()
+        stop_requested = stop_flag > 0
         if math.isfinite(train_loss) and math.isfinite(grad_norm):
             optimizer.step()
             consecutive_skips = 0
@@ -220,8 +224,9 @@ def autocast_context(config: TrainConfig, device: torch.device):
     return contextlib.nullcontext()
 
 
-def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
-    """Clip the global L2 norm of all gradients; returns the norm before clipping.
+def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the global L2 norm of all gradients; returns the norm before clipping (a 0-dim
+    tensor on the device: nothing here waits for the device).
 
     DTensor-safe: under TP + FSDP2 the gradients live on two meshes (the 2-D one of the sharded
     projections, the 1-D data-parallel one of the rest), which one `torch.stack` cannot mix, so the
@@ -238,10 +243,15 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
     if max_norm > 0:
         # As torch.nn.utils.clip_grad_norm_: scale by min(1, max_norm / (norm + 1e-6)), in fp32.
-        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0).item()
-        for grad in grads:
-            grad.mul_(scale)
-    return total.item()
+        # The scale is the same on every rank, so each rank scales its own shards in place.
+        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        torch._foreach_mul_([local_tensor(grad) for grad in grads], scale)
+    return total
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (sharing its storage), else the tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 @torch.no_grad()
