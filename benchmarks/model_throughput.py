@@ -9,6 +9,10 @@ alternating order) so that a shared, noisy machine slows both alike; the medians
 
     python benchmarks/model_throughput.py                      # CPU-sized models, fp32
     python benchmarks/model_throughput.py --device cuda        # 124M-class, bf16 + compile
+    python benchmarks/model_throughput.py --device cuda --batch 32 --seq_len 2048 --models enoki:12
+
+On CUDA the optimizer step (ADana, compiled) is timed as well, so that forward + backward can be
+compared with the whole update, and the peak memory of the measured steps is reported.
 
 Writes benchmarks/results/model_throughput-<device>.json.
 """
@@ -169,6 +173,22 @@ def peak_flops(device: torch.device) -> float | None:
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
 
+def optimizer_step_seconds(model: nn.Module, steps: int) -> float:
+    """Median seconds of one ADana step (compiled) over ``model``'s parameters and gradients."""
+    from danastar.optim import ADana
+
+    optimizer = ADana(model.parameters(), lr=1e-4, weight_decay=0.1, impl="compiled")
+    times = []
+    for i in range(steps + 2):  # two warm-up steps create the state and compile
+        synchronize(next(model.parameters()).device)
+        start = time.perf_counter()
+        optimizer.step()
+        synchronize(next(model.parameters()).device)
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: torch.device,
             bf16: bool, compile_: bool) -> dict:
     torch.manual_seed(0)
@@ -187,6 +207,8 @@ def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: to
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
     times = {"danastar": [], "nanogpt_style": []}
     cpu_times = {"danastar": [], "nanogpt_style": []}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     pair = [("danastar", ours), ("nanogpt_style", plain)]
     for i in range(warmup + steps):  # alternate (ABBA...), so machine noise hits both alike
         for name, model in (pair if i % 2 == 0 else pair[::-1]):
@@ -209,6 +231,14 @@ def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: to
             "tokens_per_cpu_s": tokens / statistics.median(cpu_times[name]),
             "mfu": flops_per_token * tokens / median / peak if peak else None,
         }
+    if device.type == "cuda":
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        optimizer_s = optimizer_step_seconds(ours, steps)
+        forward_backward_s = result["danastar"]["median_step_s"]
+        result["optimizer_step_s"] = optimizer_s
+        result["tokens_per_s_with_optimizer"] = tokens / (forward_backward_s + optimizer_s)
+        result["mfu_with_optimizer"] = (flops_per_token * tokens / (forward_backward_s + optimizer_s)
+                                        / peak if peak else None)
     result["speedup"] = result["danastar"]["tokens_per_s"] / result["nanogpt_style"]["tokens_per_s"]
     result["cpu_time_speedup"] = (result["danastar"]["tokens_per_cpu_s"]
                                   / result["nanogpt_style"]["tokens_per_cpu_s"])
@@ -218,6 +248,10 @@ def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: to
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch", type=int, default=None, help="sequences per step (CUDA default 16)")
+    parser.add_argument("--seq_len", type=int, default=None, help="tokens per sequence (CUDA default 1024)")
+    parser.add_argument("--models", nargs="+", default=None, metavar="ARCH:HEADS",
+                        help="models to measure on CUDA (default enoki:12 qwen3:4)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -230,8 +264,9 @@ def main() -> None:
     # CPU: ladder head sizes with few layers, with the GPT-2 vocabulary (the head dominates) and
     # with a 512-token one (the blocks dominate); GPU: the 124M class (Enoki h 12, Qwen3 h 4)
     if gpu:
-        setups = [("enoki", 12, 50257, dict()), ("qwen3", 4, 50257, dict())]
-        batch, seq_len, steps = 16, 1024, args.steps or 20
+        models = [m.split(":") for m in (args.models or ["enoki:12", "qwen3:4"])]
+        setups = [(arch, int(heads), 50257, dict()) for arch, heads in models]
+        batch, seq_len, steps = args.batch or 16, args.seq_len or 1024, args.steps or 20
     else:
         setups = [("enoki", 3, 50257, dict()), ("qwen3", 2, 50257, dict(n_layer=2)),
                   ("enoki", 3, 512, dict()), ("qwen3", 2, 512, dict(n_layer=2))]
@@ -246,7 +281,12 @@ def main() -> None:
         print(f"{arch} h{heads} V {vocab_size} ({result['params'] / 1e6:.1f}M): danastar "
               f"{result['danastar']['tokens_per_s']:,.0f} tok/s, nanoGPT-style "
               f"{result['nanogpt_style']['tokens_per_s']:,.0f} tok/s, ratio {result['speedup']:.3f} "
-              f"(per CPU-second {result['cpu_time_speedup']:.3f})")
+              f"(per CPU-second {result['cpu_time_speedup']:.3f})", flush=True)
+        if gpu:
+            print(f"    MFU danastar {result['danastar']['mfu']:.3f}, nanoGPT-style "
+                  f"{result['nanogpt_style']['mfu']:.3f}; with the ADana step "
+                  f"({result['optimizer_step_s'] * 1e3:.2f} ms) {result['mfu_with_optimizer']:.3f}; "
+                  f"peak memory {result['peak_memory_gib']:.1f} GiB", flush=True)
     machine = torch.cuda.get_device_name(device) if gpu else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     report = {"benchmark": "model_throughput", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": args.device, "machine": machine, "torch": torch.__version__,

@@ -1,14 +1,22 @@
 """Time one optimizer step for every danastar optimizer and path against torch's AdamW.
 
-    python benchmarks/optim_step.py                      # 1e5 .. 1e8 parameters, CPU or CUDA
+    python benchmarks/optim_step.py                      # CPU: 1e5 .. 1e8; CUDA: 1e6 .. 1e9
     python benchmarks/optim_step.py --sizes 1e5 1e6      # fewer sizes
     python benchmarks/optim_step.py --device cpu --only adana adamw
+    python benchmarks/optim_step.py --device cuda --dtypes float32 bfloat16
 
 The parameters are a transformer-like mix: an embedding and a head, and per layer the attention
 and MLP matrices plus two norm vectors. Reported per size: the median time per step, the
 achieved bandwidth (bytes the update must read and write, over time), and the ratio to
-``torch.optim.AdamW(fused=True)`` measured in the same run. Writes
-``benchmarks/results/optim_step-<device>.json`` and prints a markdown table.
+``torch.optim.AdamW(fused=True)`` measured in the same run. On CUDA each step is timed with
+device events, and the host time of the ``step()`` call (no synchronisation) is reported
+beside it: where it approaches the device time the step is bound by launches and Python, not
+by memory. Writes ``benchmarks/results/optim_step-<device>.json`` and prints a markdown table.
+
+Parameters may be float32 or bfloat16 (``--dtypes``); danastar keeps float32 state for bf16
+parameters, torch's AdamW keeps state in the parameter's dtype, and the byte counts say so.
+``--compile-only`` takes two steps of every candidate and times nothing: run it in a few
+processes at once (one size each) to fill the compile caches before a timed run.
 """
 
 from __future__ import annotations
@@ -29,29 +37,39 @@ from danastar.optim import AdamWDecayingWD, ADana, AdEMAMix, DanaStar
 
 LAYERS = 4
 
-# name -> (constructor, tensors of parameter size read or written per parameter per step)
-# AdamW-like: read p, g, m, v and write p, m, v = 7; one more buffer adds a read and a write.
+# name -> (constructor, state buffers, whether the state is kept in the parameter's dtype).
+# Every candidate reads p, g and each buffer and writes p and each buffer.
 CANDIDATES = {
-    "adamw fused (torch)": (lambda ps, lr: torch.optim.AdamW(ps, lr=lr, fused=True), 7),
-    "adamw foreach (torch)": (lambda ps, lr: torch.optim.AdamW(ps, lr=lr, foreach=True), 7),
+    "adamw fused (torch)": (lambda ps, lr: torch.optim.AdamW(ps, lr=lr, fused=True), 2, True),
+    "adamw foreach (torch)": (lambda ps, lr: torch.optim.AdamW(ps, lr=lr, foreach=True), 2,
+                              True),
 }
 for impl in ("foreach", "compiled", "reference"):
     CANDIDATES |= {
-        f"adana {impl}": (lambda ps, lr, i=impl: ADana(ps, lr=lr, weight_decay=0.1, impl=i), 7),
+        f"adana {impl}": (lambda ps, lr, i=impl: ADana(ps, lr=lr, weight_decay=0.1, impl=i), 2,
+                          False),
         f"dana-mk4 {impl}": (lambda ps, lr, i=impl: ADana(ps, lr=lr, clipsnr=2.0,
-                                                          weight_decay=0.1, impl=i), 7),
+                                                          weight_decay=0.1, impl=i), 2, False),
         f"dana-star {impl}": (lambda ps, lr, i=impl: DanaStar(ps, lr=lr, weight_decay=0.1,
-                                                              impl=i), 9),
+                                                              impl=i), 3, False),
         f"dana-star-mk4 {impl}": (lambda ps, lr, i=impl: DanaStar(
-            ps, lr=lr, clipsnr=2.0, weight_decay=0.1, impl=i), 9),
+            ps, lr=lr, clipsnr=2.0, weight_decay=0.1, impl=i), 3, False),
     }
 for impl in ("compiled", "reference"):
     CANDIDATES |= {
         f"adamw-decaying-wd {impl}": (lambda ps, lr, i=impl: AdamWDecayingWD(
-            ps, lr=lr, weight_decay=0.1, impl=i), 7),
-        f"ademamix {impl}": (lambda ps, lr, i=impl: AdEMAMix(ps, lr=lr, impl=i), 9),
+            ps, lr=lr, weight_decay=0.1, impl=i), 2, False),
+        f"ademamix {impl}": (lambda ps, lr, i=impl: AdEMAMix(ps, lr=lr, impl=i), 3, False),
     }
 BASELINE = "adamw fused (torch)"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def bytes_per_parameter(dtype: torch.dtype, buffers: int, state_in_param_dtype: bool) -> int:
+    """Bytes one step must move per parameter: read p, g and the buffers; write p and buffers."""
+    param_bytes = dtype.itemsize
+    state_bytes = param_bytes if state_in_param_dtype else max(param_bytes, 4)
+    return 3 * param_bytes + 2 * buffers * state_bytes
 
 
 def model_shapes(total: int) -> list[tuple[int, ...]]:
@@ -65,33 +83,44 @@ def model_shapes(total: int) -> list[tuple[int, ...]]:
     return shapes + [(width,), (vocab_per_width * width, width)]
 
 
-def time_steps(make, shapes, device, repeats):
-    """Median seconds per step after warm-up (the first steps create state and compile)."""
+def time_steps(make, shapes, device, repeats, dtype=torch.float32, warmup=2):
+    """Median seconds per step after warm-up (the first steps create state and compile), and
+    the median host seconds of the ``step()`` call itself (without waiting for the device)."""
     generator = torch.Generator(device=device).manual_seed(0)
-    params = [torch.randn(s, device=device, generator=generator).requires_grad_()
+    params = [torch.randn(s, device=device, generator=generator).to(dtype).requires_grad_()
               for s in shapes]
     for param in params:
-        param.grad = torch.randn(param.shape, device=device, generator=generator) * 1e-3
+        param.grad = (torch.randn(param.shape, device=device, generator=generator) * 1e-3
+                      ).to(dtype)
     optimizer = make(params, 1e-3)
-    for _ in range(2):
+    for _ in range(warmup):
         optimizer.step()
-    times = []
+    times, host_times = [], []
     for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize()
+            start_event = torch.cuda.Event(enable_timing=True)
+            end_event = torch.cuda.Event(enable_timing=True)
+            start_event.record()
         start = time.perf_counter()
         optimizer.step()
+        host_times.append(time.perf_counter() - start)
         if device.type == "cuda":
+            end_event.record()
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+            times.append(start_event.elapsed_time(end_event) / 1e3)
+        else:
+            times.append(host_times[-1])
+    if not times:  # --compile-only
+        return math.nan, math.nan
+    return statistics.median(times), statistics.median(host_times)
 
 
 def copy_bandwidth(device, numel, repeats):
     """Bytes/s of a plain device copy (read + write) of ``numel`` float32 values."""
     source = torch.empty(numel, device=device)
     target = torch.empty_like(source)
-    seconds = time_steps(lambda ps, lr: _CopyStep(source, target), [(1,)], device, repeats)
+    seconds, _ = time_steps(lambda ps, lr: _CopyStep(source, target), [(1,)], device, repeats)
     return 2 * 4 * numel / seconds
 
 
@@ -117,12 +146,19 @@ def machine_description(device) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", nargs="+", type=float, default=[1e5, 1e6, 1e7, 1e8])
+    parser.add_argument("--sizes", nargs="+", type=float, default=None,
+                        help="parameter counts (default: CPU 1e5 .. 1e8, CUDA 1e6 .. 1e9)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float32"],
+                        help="parameter dtypes")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="take two steps of each candidate (filling the compile caches), "
+                             "time nothing and write nothing")
     parser.add_argument("--only", nargs="+", default=None,
                         help="substrings of the candidate names to run (the baseline always runs)")
-    parser.add_argument("--max-slow-size", type=float, default=1e7,
-                        help="skip the multi-pass paths (reference, foreach) above this size")
+    parser.add_argument("--max-slow-size", type=float, default=None,
+                        help="skip the multi-pass paths (reference, foreach) above this size "
+                             "(default: 1e7 on CPU, where they take seconds; none on CUDA)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/)")
     args = parser.parse_args(argv)
@@ -130,31 +166,21 @@ def main(argv=None):
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
+    gpu = device.type == "cuda"
+    if args.max_slow_size is None:
+        args.max_slow_size = float("inf") if gpu else 1e7
+    sizes = args.sizes or ([1e6, 1e7, 1e8, 1e9] if gpu else [1e5, 1e6, 1e7, 1e8])
     rows = []
-    for size in [int(s) for s in args.sizes]:
-        shapes = model_shapes(size)
-        numel = sum(math.prod(s) for s in shapes)
-        repeats = 20 if numel <= 2e6 else 10 if numel <= 2e7 else 3
-        baseline = None
-        for name, (make, tensors_moved) in CANDIDATES.items():
-            selected = args.only is None or any(key in name for key in args.only)
-            if name != BASELINE and not selected:
-                continue
-            slow_path = " reference" in name or name.endswith(" foreach")
-            if slow_path and numel > args.max_slow_size:
-                continue
-            seconds = time_steps(make, shapes, device, repeats)
-            baseline = seconds if name == BASELINE else baseline
-            row = {"optimizer": name, "params": numel, "tensors": len(shapes),
-                   "ms_per_step": seconds * 1e3,
-                   "gb_per_s": tensors_moved * 4 * numel / seconds / 1e9,
-                   "vs_fused_adamw": seconds / baseline}
-            rows.append(row)
-            print(f"{name:28s} {numel:>11,d} params  {row['ms_per_step']:9.3f} ms  "
-                  f"{row['gb_per_s']:7.2f} GB/s  {row['vs_fused_adamw']:5.2f}x", flush=True)
+    for dtype_name in args.dtypes:
+        for size in [int(s) for s in sizes]:
+            rows += measure_size(args, device, size, DTYPES[dtype_name])
+    if args.compile_only:
+        return
 
     largest = max(r["params"] for r in rows)
     copy = copy_bandwidth(device, largest, 10) / 1e9
+    for row in rows:
+        row["copy_fraction"] = row["gb_per_s"] / copy
     out = Path(args.out) if args.out else (
         Path(__file__).parent / "results" / f"optim_step-{device.type}.json")
     rows = merge_with_earlier_runs(out, rows, device)
@@ -171,6 +197,42 @@ def main(argv=None):
     print(f"\nwritten to {out}")
 
 
+def measure_size(args, device, size: int, dtype: torch.dtype) -> list[dict]:
+    """Every selected candidate at one size and dtype, each against fused AdamW of this run."""
+    shapes = model_shapes(size)
+    numel = sum(math.prod(s) for s in shapes)
+    if device.type == "cuda":
+        repeats = 50 if numel <= 2e7 else 20
+    else:
+        repeats = 20 if numel <= 2e6 else 10 if numel <= 2e7 else 3
+    if args.compile_only:
+        repeats = 0
+    rows, baseline = [], None
+    for name, (make, buffers, state_in_param_dtype) in CANDIDATES.items():
+        selected = args.only is None or any(key in name for key in args.only)
+        if name != BASELINE and not selected:
+            continue
+        slow_path = " reference" in name or name.endswith(" foreach")
+        if slow_path and numel > args.max_slow_size:
+            continue
+        if args.compile_only and "compiled" not in name:
+            continue
+        seconds, host_seconds = time_steps(make, shapes, device, repeats, dtype)
+        if args.compile_only:
+            continue
+        baseline = seconds if name == BASELINE else baseline
+        moved = bytes_per_parameter(dtype, buffers, state_in_param_dtype) * numel
+        row = {"optimizer": name, "params": numel, "dtype": str(dtype).removeprefix("torch."),
+               "tensors": len(shapes), "ms_per_step": seconds * 1e3,
+               "host_ms_per_step": host_seconds * 1e3, "bytes_per_param": moved / numel,
+               "gb_per_s": moved / seconds / 1e9, "vs_fused_adamw": seconds / baseline}
+        rows.append(row)
+        print(f"{name:28s} {row['dtype']:8s} {numel:>13,d} params {row['ms_per_step']:9.3f} ms "
+              f"(host {row['host_ms_per_step']:7.3f}) {row['gb_per_s']:8.1f} GB/s "
+              f"{row['vs_fused_adamw']:5.2f}x", flush=True)
+    return rows
+
+
 def merge_with_earlier_runs(out: Path, rows: list[dict], device) -> list[dict]:
     """Runs over different sizes or candidates (--sizes, --only) add up in one result file, on
     the same machine and torch; a row measured again replaces the earlier one. Each row's ratio
@@ -181,26 +243,33 @@ def merge_with_earlier_runs(out: Path, rows: list[dict], device) -> list[dict]:
     if (earlier.get("machine"), earlier.get("torch")) != (machine_description(device),
                                                           torch.__version__):
         return rows
-    measured = {(r["optimizer"], r["params"]) for r in rows}
-    kept = [r for r in earlier["rows"] if (r["optimizer"], r["params"]) not in measured]
-    return sorted(kept + rows, key=lambda r: r["params"])
+    def key(row):
+        return row["optimizer"], row["params"], row.get("dtype", "float32")
+
+    measured = {key(r) for r in rows}
+    kept = [r for r in earlier["rows"] if key(r) not in measured]
+    return sorted(kept + rows, key=lambda r: (r.get("dtype", "float32"), r["params"]))
 
 
 def markdown_table(rows) -> str:
-    """One row per optimizer and path, one column per size: ms/step (GB/s, ratio to fused)."""
+    """One row per optimizer, path and dtype, one column per size: ms/step (GB/s, ratio to
+    fused AdamW)."""
     sizes = sorted({r["params"] for r in rows})
-    names = [name for name in CANDIDATES if any(r["optimizer"] == name for r in rows)]
-    cell = {(r["optimizer"], r["params"]): r for r in rows}
-    lines = ["| optimizer / path | " + " | ".join(f"{s:.1e} params" for s in sizes) + " |",
-             "|---|" + "---|" * len(sizes)]
-    for name in names:
-        cells = []
-        for size in sizes:
-            r = cell.get((name, size))
-            cells.append("—" if r is None else
-                         f"{r['ms_per_step']:.3g} ms ({r['gb_per_s']:.1f} GB/s, "
-                         f"{r['vs_fused_adamw']:.2f}×)")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    dtypes = sorted({r.get("dtype", "float32") for r in rows}, reverse=True)
+    cell = {(r["optimizer"], r.get("dtype", "float32"), r["params"]): r for r in rows}
+    lines = ["| optimizer / path | params | " + " | ".join(f"{s:.1e}" for s in sizes) + " |",
+             "|---|---|" + "---|" * len(sizes)]
+    for dtype in dtypes:
+        for name in CANDIDATES:
+            if not any((name, dtype, size) in cell for size in sizes):
+                continue
+            cells = []
+            for size in sizes:
+                r = cell.get((name, dtype, size))
+                cells.append("—" if r is None else
+                             f"{r['ms_per_step']:.3g} ms ({r['gb_per_s']:.0f} GB/s, "
+                             f"{r['vs_fused_adamw']:.2f}×)")
+            lines.append(f"| {name} | {dtype} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

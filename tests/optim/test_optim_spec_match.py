@@ -28,13 +28,17 @@ def gradient(rng, step, index, shape):
     return g
 
 
-def run_against_spec(name, spec_step, hparams, **options):
+def run_against_spec(name, spec_step, hparams, device="cpu", dtype=torch.float64, **options):
+    """35 steps of ``name`` against the float64 spec. Parameters of a narrower ``dtype`` are
+    compared with a spec whose parameters (and gradients) are rounded to that dtype after every
+    step, as the optimizer stores them; the tolerance allows for the optimizer's float32
+    arithmetic (and, for bf16, one unit in the last place where a value lies near a tie)."""
     rng = np.random.default_rng(0)
     start = [rng.normal(size=shape) for shape in SHAPES]
-    params = [torch.tensor(p, requires_grad=True) for p in start]
+    params = [torch.tensor(p, device=device).to(dtype).requires_grad_() for p in start]
     optimizer = build_optimizer(name, params, lr=PEAK_LR, **hparams, **options)
     schedule = get_schedule("cos_inf", warmup_steps=5, total_steps=STEPS)
-    expected = [p.copy() for p in start]
+    expected = [as_stored(p, dtype) for p in start]
     states = [spec.initial_state(shape) for shape in SHAPES]
     counts = [0] * len(SHAPES)
     for step in range(STEPS):
@@ -42,14 +46,23 @@ def run_against_spec(name, spec_step, hparams, **options):
         apply_schedule(optimizer, factor)
         for i, (param, shape) in enumerate(zip(params, SHAPES)):
             g = gradient(rng, step, i, shape)
-            param.grad = None if g is None else torch.tensor(g)
+            param.grad = None if g is None else torch.tensor(g, device=device).to(dtype)
             if g is not None:
                 counts[i] += 1
-                expected[i] = spec_step(expected[i], g, states[i], counts[i], PEAK_LR * factor,
-                                        factor, **hparams)
+                expected[i] = as_stored(spec_step(expected[i], as_stored(g, dtype), states[i],
+                                                  counts[i], PEAK_LR * factor, factor,
+                                                  **hparams), dtype)
         optimizer.step()
+    tolerance = {torch.float64: dict(rtol=1e-12, atol=1e-15),
+                 torch.float32: dict(rtol=2e-6, atol=1e-6),
+                 torch.bfloat16: dict(rtol=2**-7, atol=1e-6)}[dtype]
     for param, want in zip(params, expected):
-        np.testing.assert_allclose(param.detach().numpy(), want, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(param.detach().double().cpu().numpy(), want, **tolerance)
+
+
+def as_stored(values, dtype):
+    """``values`` (float64) rounded to ``dtype``, as a tensor of that dtype holds them."""
+    return torch.tensor(values, dtype=torch.float64).to(dtype).double().numpy()
 
 
 DANA = {
