@@ -131,7 +131,8 @@ def _kappa_integral(kappa: float, two_alpha: float, upper: float) -> float:
 
 def kappa_fixed_point(alpha: float, d: int, v: int, rtol: float = 1e-3) -> float:
     """kappa = 1 / int_0^{v/d} dx / (kappa + x^(2 alpha)) for 2 alpha >= 1, by fixed-point
-    iteration from kappa0 = (int_0^inf dx / (1 + x^(2 alpha)))^(-2 alpha) to relative change rtol."""
+    iteration from kappa0 = (int_0^inf dx / (1 + x^(2 alpha)))^(-2 alpha) to relative change
+    rtol."""
     two_alpha = 2.0 * alpha
     if two_alpha < 1:
         raise ValueError("kappa_fixed_point needs 2 alpha >= 1; use tau_fixed_point")

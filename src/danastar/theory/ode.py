@@ -132,7 +132,8 @@ def solve_ode(inputs: ODEInputs, schedules: Sequence[Schedule], batch: int, t_ma
             y = _solve3(m, forcing)
             twice_risk = ((twice_inf + np.sum(lam * x[0], axis=1))
                           / (1.0 - h * np.sum(lam * y[0], axis=1)))
-            rho, sigma, chi = (xi + h * twice_risk[:, None] * yi for xi, yi in zip(x, y, strict=True))
+            closure = h * twice_risk[:, None]
+            rho, sigma, chi = (xi + closure * yi for xi, yi in zip(x, y, strict=True))
             history[:, step + 1] = twice_risk
     grid = np.concatenate([[0.0], taus])
     log_times = np.log1p(times)

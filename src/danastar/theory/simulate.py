@@ -145,7 +145,8 @@ def simulate(model: PLRF, schedules: Sequence[Schedule] = (), batch: int = 1,
                     momentum = (1 - D) * momentum + g1 * grad
                     error = error - g2 * grad - g3 * momentum
                 if n_opt:
-                    for param, opt, e in zip(params, built, eigen_errors_of_optimizers(), strict=True):
+                    errors = eigen_errors_of_optimizers()
+                    for param, opt, e in zip(params, built, errors, strict=True):
                         residual = np.einsum("sd,sbd->sb", s * e, xi) - noise
                         grad_eigen = s * np.einsum("sb,sbd->sd", residual, xi) / batch
                         param.grad = torch.from_numpy(grad_eigen @ basis.T)
