@@ -1,9 +1,21 @@
 import numpy as np
 import pytest
 
-from danastar.theory import (PLRF, PRESETS, Schedule, TorchOptimizer, decade_slopes,
-                             evaluation_times, exponent_between, log_time_delta, preset,
-                             sgd_exponent, simulate, solve_ode, theory_inputs)
+from danastar.theory import (
+    PLRF,
+    PRESETS,
+    Schedule,
+    TorchOptimizer,
+    decade_slopes,
+    evaluation_times,
+    exponent_between,
+    log_time_delta,
+    preset,
+    sgd_exponent,
+    simulate,
+    solve_ode,
+    theory_inputs,
+)
 
 ALPHA, BETA = 1.0, 0.3
 

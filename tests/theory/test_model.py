@@ -1,8 +1,15 @@
 import numpy as np
 import pytest
 
-from danastar.theory import (PLRF, kappa_fixed_point, limit_risk, solve_scale_directly,
-                             tau_fixed_point, theory_inputs, trace_k)
+from danastar.theory import (
+    PLRF,
+    kappa_fixed_point,
+    limit_risk,
+    solve_scale_directly,
+    tau_fixed_point,
+    theory_inputs,
+    trace_k,
+)
 
 
 @pytest.fixture(scope="module")
