@@ -1,6 +1,6 @@
 """Loss exponents of the ODE at large d (deterministic-limit inputs), against the predictions.
 
-    python benchmarks/theory_exponents.py                      # alpha = 1, beta = 0.3, d = 2000, 4000
+    python benchmarks/theory_exponents.py                  # alpha = 1, beta = 0.3, d = 2000, 4000
     python benchmarks/theory_exponents.py --alpha 1.5 --d 1000
 
 For each d the ODE runs SGD, SGD + momentum, DANA-constant and DANA-decaying to T = d^(2 alpha)

@@ -59,7 +59,7 @@ def test_kappa_fixed_point_against_a_root_finder_and_the_discrete_sum(alpha):
 
 @pytest.mark.parametrize("alpha,beta", [(1.0, 0.3), (0.4, 0.3)])
 def test_limit_risk_matches_sampled_models(alpha, beta):
-    d, v = 200, 1000
+    d, v = 120, 600
     sampled = np.mean([PLRF(alpha, beta, d, v, seed=s).risk_infinity for s in range(6)])
     assert limit_risk(alpha, beta, d, v) == pytest.approx(sampled, rel=0.15)
 
