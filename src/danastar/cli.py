@@ -16,6 +16,8 @@ from danastar.errors import UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("danastar.train.cli", "train a model (the main job; no arguments: a CPU run on Shakespeare)"),
     "prepare": ("danastar.data.prepare", "tokenise a corpus into token files + meta.json"),
+    "theory": ("danastar.commands.theory",
+               "figures of the PLRF model: SGD vs DANA, scaling, exponents, kappa"),
 }
 
 

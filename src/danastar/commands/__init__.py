@@ -1,0 +1,1 @@
+"""Command-line front ends of the `danastar` subcommands (argparse), one module each."""

@@ -1,0 +1,190 @@
+"""`danastar theory compare|scaling|exponents|kappa`: figures of the PLRF model (PNG + JSON).
+
+    danastar theory compare                      # SGD vs momentum vs DANA vs AdEMAMix, < 1 min
+    danastar theory scaling --ds 100,200,400,800 # risk vs compute, lower envelope per method
+    danastar theory exponents --d 1000           # measured decade slopes vs predicted exponents
+    danastar theory kappa                        # Adam-like log-time momentum over kappa
+
+Each writes <out>/<figure>.png and <out>/<figure>.json (the data behind the plot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+from danastar.errors import UserError
+
+FIGURES = ("compare", "scaling", "exponents", "kappa")
+
+
+def _common(parser: argparse.ArgumentParser, *, alpha: float, d: str, T: str,
+            with_v: bool = True) -> None:
+    parser.add_argument("--alpha", type=float, default=alpha,
+                        help=f"data spectrum exponent α (default {alpha:g})")
+    parser.add_argument("--beta", type=float, default=0.3,
+                        help="target exponent β; below 1/2 the exponents are clean (default 0.3)")
+    if with_v:
+        parser.add_argument("--d", type=int, default=None, help=f"model dimension (default {d})")
+        parser.add_argument("--v", type=int, default=None,
+                            help="hidden dimension, >= d (default 5d)")
+    parser.add_argument("--batch", "-B", type=int, default=1, help="batch size B (default 1)")
+    parser.add_argument("--T", type=float, default=None,
+                        help=f"horizon in steps, e.g. 1e6 (default {T})")
+    parser.add_argument("--dtau", type=float, default=1e-3,
+                        help="ODE step in log-time ln(1 + t) (default 1e-3)")
+    parser.add_argument("--out", type=Path, default=Path("theory_figures"),
+                        help="output folder for <figure>.png and <figure>.json "
+                             "(default ./theory_figures)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="danastar theory",
+        description="Figures of the power-law random-features model (docs/theory.md).")
+    sub = parser.add_subparsers(dest="figure", metavar="{" + ",".join(FIGURES) + "}")
+    compare = sub.add_parser(
+        "compare", help="risk vs t: SGD, SGD + momentum, DANA-constant, DANA-decaying, "
+                        "AdEMAMix (ODE lines, stochastic points)")
+    _common(compare, alpha=1.5, d="500", T="d^(2α)")
+    compare.add_argument("--sim-steps", type=float, default=None,
+                         help="steps of the stochastic runs, 0 for none (default min(T, 1e5))")
+    compare.add_argument("--seeds", type=int, default=5,
+                         help="stochastic runs per method (default 5)")
+    compare.add_argument("--seed", type=int, default=0, help="seed of W and the data (default 0)")
+    compare.add_argument("--optim", action="append", default=[], metavar="NAME:lr=X[,key=Y]",
+                         help="also run a danastar.optim optimizer on the same data, e.g. "
+                              "adana:lr=1e-3,kappa=0.67 (repeatable; points only)")
+    scaling = sub.add_parser("scaling", help="risk vs compute d·t over d = 100·2^i with the "
+                                             "lower envelope per method")
+    _common(scaling, alpha=1.0, d="", T="T-factor · d^(2α)", with_v=False)
+    scaling.add_argument("--ds", default="100,200,400,800",
+                         help="model sizes, comma-separated (default 100,200,400,800)")
+    scaling.add_argument("--v-ratio", type=float, default=5.0, help="v / d (default 5)")
+    scaling.add_argument("--T-factor", type=float, default=1.0,
+                         help="each run lasts T-factor · d^(2α) steps (default 1)")
+    exponents = sub.add_parser("exponents",
+                               help="measured decade slopes against the predicted exponents")
+    _common(exponents, alpha=1.0, d="1000", T="d^(2α)")
+    kappa = sub.add_parser("kappa", help="risk-normalised log-time momentum: risk at several "
+                                         "horizons against the damping exponent κ")
+    _common(kappa, alpha=1.0, d="1000", T="1e5")
+    kappa.add_argument("--kappas", default=None,
+                       help="κ values, comma-separated (default 20 values in [0, 1))")
+    return parser
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise UserError(message)
+
+
+def _integer_steps(value: float | None, flag: str) -> int | None:
+    if value is None:
+        return None
+    _check(math.isfinite(value) and value >= 1, f"{flag} must be a number of steps >= 1, "
+                                                 f"got {value:g}.")
+    return int(round(value))
+
+
+def _validate(args) -> None:
+    _check(args.alpha > 0, f"--alpha must be > 0, got {args.alpha:g}.")
+    _check(args.beta > 0, f"--beta must be > 0, got {args.beta:g}.")
+    _check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}.")
+    _check(0 < args.dtau <= 0.1, f"--dtau must be in (0, 0.1], got {args.dtau:g}.")
+    if getattr(args, "d", None) is not None:
+        _check(args.d >= 2, f"--d must be >= 2, got {args.d}.")
+    if getattr(args, "v", None) is not None:
+        d = args.d if args.d is not None else {"compare": 500, "exponents": 1000,
+                                               "kappa": 1000}[args.figure]
+        _check(args.v >= d, f"--v must be >= d = {d}, got {args.v}; pass a larger --v.")
+
+
+def parse_optimizer(text: str):
+    """`name:lr=1e-3,key=value,...` -> TorchOptimizer (numbers parsed as floats)."""
+    from danastar.optim.registry import resolve
+    from danastar.theory.simulate import TorchOptimizer
+
+    name, _, rest = text.partition(":")
+    hparams = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        _check(bool(sep), f"--optim {text!r}: write options as key=value, e.g. adana:lr=1e-3.")
+        try:
+            hparams[key.strip()] = float(value)
+        except ValueError:
+            hparams[key.strip()] = value.strip()
+    _check("lr" in hparams, f"--optim {text!r} needs a learning rate: e.g. {name}:lr=1e-3.")
+    try:
+        resolve(name)
+    except ValueError as error:
+        raise UserError(f"--optim {text!r}: {error}.") from None
+    lr = hparams.pop("lr")
+    return TorchOptimizer(name, float(lr), hparams)
+
+
+def _parse_list(text: str, flag: str, cast):
+    try:
+        return [cast(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise UserError(f"{flag} must be comma-separated numbers, got {text!r}.") from None
+
+
+def _write(out: Path, name: str, data: dict, figure) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    png, data_file = out / f"{name}.png", out / f"{name}.json"
+    figure.savefig(png, dpi=120)
+    data_file.write_text(json.dumps(data, indent=1) + "\n")
+    return [png, data_file]
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.figure is None:
+        parser.print_help()
+        return 2
+    _validate(args)
+    from danastar.theory import figures
+
+    T = _integer_steps(args.T, "--T")
+    started = time.perf_counter()
+    common = dict(alpha=args.alpha, beta=args.beta, batch=args.batch, dtau=args.dtau)
+    if args.figure == "compare":
+        optimizers = [parse_optimizer(text) for text in args.optim]
+        sim_steps = (0 if args.sim_steps == 0
+                     else _integer_steps(args.sim_steps, "--sim-steps"))
+        _check(args.seeds >= 1, f"--seeds must be >= 1, got {args.seeds}.")
+        data = figures.compare_data(d=args.d or 500, v=args.v, T=T, sim_steps=sim_steps,
+                                    seeds=args.seeds, seed=args.seed, optimizers=optimizers,
+                                    **common)
+        figure = figures.plot_compare(data)
+    elif args.figure == "scaling":
+        ds = _parse_list(args.ds, "--ds", int)
+        _check(len(ds) >= 2 and min(ds) >= 2, f"--ds needs two or more sizes >= 2, got {args.ds}.")
+        _check(args.v_ratio >= 1, f"--v-ratio must be >= 1, got {args.v_ratio:g}.")
+        _check(T is None, "scaling sets each run's length with --T-factor, not --T.")
+        _check(args.T_factor > 0, f"--T-factor must be > 0, got {args.T_factor:g}.")
+        data = figures.scaling_data(ds=ds, v_ratio=args.v_ratio, T_factor=args.T_factor,
+                                    **common)
+        figure = figures.plot_scaling(data)
+        for key, envelope in data["envelopes"].items():
+            print(f"{data['names'][key]:>16}: risk ~ compute^-{envelope['compute_exponent']:.3f}")
+    elif args.figure == "exponents":
+        data = figures.exponents_data(d=args.d or 1000, v=args.v, T=T, **common)
+        figure = figures.plot_exponents(data)
+        print(figures.exponents_table(data))
+    else:
+        kappas = None if args.kappas is None else _parse_list(args.kappas, "--kappas", float)
+        data = figures.kappa_data(d=args.d or 1000, v=args.v, T=T or 100_000, kappas=kappas,
+                                  **common)
+        figure = figures.plot_kappa(data)
+        for horizon, best in data["best_kappa"].items():
+            print(f"t = {float(horizon):.0e}: best κ = {best:.2f} (ADana κ = {1 - best:.2f})")
+    written = _write(args.out, args.figure, data, figure)
+    elapsed = time.perf_counter() - started
+    print(f"wrote {', '.join(str(p) for p in written)} in {elapsed:.1f} s")
+    return 0

@@ -1,0 +1,162 @@
+"""The stochastic simulator: generalised momentum SGD and danastar.optim optimizers on one W.
+
+Every run steps on the same data: at step t each seed draws one batch of B samples, and every
+schedule and every optimizer takes its gradient on that batch (common random numbers, so the
+differences between methods are not sampling noise). Seeds differ in their data stream only.
+
+Samples are drawn in the eigenbasis of K (see `PLRF`): O(B d) per step for the momentum
+schedules, which are rotation-invariant. The danastar.optim optimizers act coordinate-wise, so
+they step in the original coordinates theta = V theta_tilde (one d x d product per step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .model import PLRF
+from .ode import evaluation_times
+from .schedules import Schedule
+
+
+@dataclass(frozen=True)
+class TorchOptimizer:
+    """An optimizer from the danastar.optim registry, run on the model with a fixed LR.
+
+    `name` is a registry name (`adana`, `dana-star-mk4`, `adamw`, `torch:NAdam`, ...);
+    `hparams` are its keyword arguments. Only element-wise optimizers make sense here (each
+    seed's parameters are one row of a single (seeds, d) tensor).
+    """
+
+    name: str
+    lr: float
+    hparams: dict = field(default_factory=dict)
+    label: str | None = None
+
+    @property
+    def display_name(self) -> str:
+        return self.label or self.name
+
+
+@dataclass
+class SimulationResult:
+    """`risks[i, s, k]`: run i (schedules first, then optimizers), seed s, at `times[k]`."""
+
+    names: list[str]
+    times: np.ndarray
+    risks: np.ndarray
+    risk_infinity: float
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.risks.mean(axis=1)
+
+    @property
+    def std(self) -> np.ndarray:
+        return self.risks.std(axis=1)
+
+
+def _build_torch_optimizers(optimizers, start, dtype):
+    import torch
+
+    from danastar.optim import build_optimizer
+
+    params, built = [], []
+    for spec in optimizers:
+        param = torch.nn.Parameter(torch.tensor(start, dtype=dtype))
+        built.append(build_optimizer(spec.name, [param], lr=spec.lr, **spec.hparams))
+        params.append(param)
+    return params, built
+
+
+def simulate(model: PLRF, schedules: Sequence[Schedule] = (), batch: int = 1,
+             steps: int = 1000, seeds: int = 4, seed: int = 0,
+             optimizers: Sequence[TorchOptimizer] = (), times: np.ndarray | None = None,
+             chunk: int = 2048) -> SimulationResult:
+    """Run every schedule and optimizer for `steps` steps from theta = 0, `seeds` data streams.
+
+    The exact population risk is recorded at `times` (default `evaluation_times(steps)`).
+    """
+    schedules, optimizers = list(schedules), list(optimizers)
+    if not schedules and not optimizers:
+        raise ValueError("simulate needs at least one schedule or optimizer")
+    times = evaluation_times(steps) if times is None else np.asarray(times, dtype=np.int64)
+    d, n_sched, n_opt = model.d, len(schedules), len(optimizers)
+    s = model.singular_values
+    target = model.target_coefficients / s  # theta* in the eigenbasis
+    noise_scale = model.residual_norm
+    rng = np.random.default_rng(seed)
+
+    # error e = theta_tilde - theta*, momentum y; shapes (schedules, seeds, d)
+    error = np.repeat(-target[None, None, :], n_sched, 0).repeat(seeds, 1)
+    momentum = np.zeros_like(error)
+    normalised = np.array([sch.risk_normalised for sch in schedules], dtype=bool)
+    if optimizers:
+        import torch
+
+        params, built = _build_torch_optimizers(optimizers, np.zeros((seeds, d)), torch.float64)
+        # NumPy views of the parameters: the basis changes run in NumPy (one BLAS pool; torch's
+        # threads would fight it for the cores), only the optimizers' steps run in torch.
+        views = [param.detach().numpy() for param in params]
+        basis = model.V  # columns: eigenvectors of K
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    risks = np.empty((n_sched + n_opt, seeds, len(times)))
+    record = {int(t): k for k, t in enumerate(times)}
+
+    def eigen_errors_of_optimizers():
+        return [view @ basis - target for view in views]
+
+    def save(k):
+        if n_sched:
+            risks[:n_sched, :, k] = 0.5 * np.sum((s * error) ** 2, axis=-1) + model.risk_infinity
+        if n_opt:
+            for i, e in enumerate(eigen_errors_of_optimizers()):
+                risks[n_sched + i, :, k] = 0.5 * np.sum((s * e) ** 2, -1) + model.risk_infinity
+
+    def run_steps():
+        nonlocal error, momentum
+        coefficients = None
+        for start in range(0, steps, chunk):
+            stop = min(start + chunk, steps)
+            xi_chunk = rng.standard_normal((stop - start, seeds, batch, d))
+            eta_chunk = rng.standard_normal((stop - start, seeds, batch))
+            if n_sched:
+                t = np.arange(start, stop, dtype=np.float64)
+                coefficients = np.stack([np.stack(sch.values(t), axis=-1) for sch in schedules])
+            for offset in range(stop - start):
+                t = start + offset
+                if t in record:
+                    save(record[t])
+                xi, eta = xi_chunk[offset], eta_chunk[offset]  # (seeds, B, d), (seeds, B)
+                noise = noise_scale * eta
+                if n_sched:
+                    # residual of each sample: xi^T S e - ||r|| eta; gradient: S xi residual / B
+                    residual = np.einsum("msd,sbd->msb", s * error, xi) - noise
+                    grad = s * np.einsum("msb,sbd->msd", residual, xi) / batch
+                    g1, g2, g3, D = (coefficients[:, offset, i][:, None, None] for i in range(4))
+                    if normalised.any():
+                        twice = np.sum((s * error) ** 2, axis=-1) + 2 * model.risk_infinity
+                        scale = np.where(normalised[:, None], 1 / np.sqrt(twice), 1.0)[..., None]
+                        g2, g3 = g2 * scale, g3 * scale
+                    momentum = (1 - D) * momentum + g1 * grad
+                    error = error - g2 * grad - g3 * momentum
+                if n_opt:
+                    errors = eigen_errors_of_optimizers()
+                    for param, opt, e in zip(params, built, errors, strict=True):
+                        residual = np.einsum("sd,sbd->sb", s * e, xi) - noise
+                        grad_eigen = s * np.einsum("sb,sbd->sd", residual, xi) / batch
+                        param.grad = torch.from_numpy(grad_eigen @ basis.T)
+                        opt.step()
+    try:
+        run_steps()
+    finally:
+        if optimizers:
+            torch.set_num_threads(threads)
+    if steps in record:
+        save(record[steps])
+    names = [sch.name for sch in schedules] + [o.display_name for o in optimizers]
+    return SimulationResult(names, times.astype(np.float64), risks, model.risk_infinity)
