@@ -28,6 +28,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from danastar.errors import UserError
+from danastar.models import ARCHITECTURES
+from danastar.optim.dana_family import DEFAULT_DELTA, DEFAULT_KAPPA
+from danastar.optim.schedules import SCHEDULES
+from danastar.scaling import DEFAULT_OMEGA, Plan, make_plan
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # the presets, shipped inside the package
 DEFAULT_PRESET = "cpu_shakespeare"
@@ -51,9 +55,9 @@ class OptimSection:
     name: str = "adana"  # any name build_optimizer knows
     lr: Optional[float] = None  # None: the fitted law γ*(P) of the scaling plan
     weight_decay: Optional[float] = None  # None: from omega (see the scaling plan)
-    omega: float = 4.0
-    kappa: float = 0.85
-    delta: float = 8.0
+    omega: float = DEFAULT_OMEGA
+    kappa: float = DEFAULT_KAPPA
+    delta: float = DEFAULT_DELTA
     clipsnr: Optional[float] = None  # *-mk4 optimizers only; None: their default 2.0
     grad_clip: float = 0.5  # global L2 norm; 0 disables clipping (the norm is still logged)
     scheduler: str = "cos_inf"
@@ -288,19 +292,16 @@ def all_keys(schema: type = TrainConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-ARCHES = ("enoki", "qwen3")
 BACKENDS = ("auto", "single", "ddp", "fsdp", "zero2", "hsdp")
 
 
 def validate(config: TrainConfig) -> None:
     """Checks that need no world size; the batch layout is checked by `batch_layout`."""
-    choose("model.arch", config.model.arch, ARCHES)
+    choose("model.arch", config.model.arch, ARCHITECTURES)
     choose("parallel.backend", config.parallel.backend, BACKENDS)
     choose("train.device", config.train.device, ("auto", "cpu", "cuda"))
     choose("train.autocast", config.train.autocast, ("auto", "bf16", "off"))
     choose("parallel.reduce_dtype", config.parallel.reduce_dtype, ("auto", "bf16", "fp32"))
-    from danastar.optim.schedules import SCHEDULES
-
     choose("optim.scheduler", config.optim.scheduler, tuple(SCHEDULES))
     positive = {
         "model.heads": config.model.heads, "train.batch_size": config.train.batch_size,
@@ -380,17 +381,15 @@ def save_yaml(config: TrainConfig, path: Path) -> None:
     path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
 
 
-def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int):
+def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int) -> Plan:
     """The scaling plan of this run: what `--heads` implies, with explicit settings taking precedence."""
-    from danastar import scaling
-
     overrides = {
         "lr": config.optim.lr, "weight_decay": config.optim.weight_decay,
         "warmup_steps": config.optim.warmup_steps, "iterations": config.train.iterations,
         "n_layer": config.model.n_layer, "n_embd": config.model.n_embd, "n_head": config.model.n_head,
     }
     try:
-        return scaling.make_plan(
+        return make_plan(
             config.model.arch, config.optim.name, config.model.heads,
             batch_size=config.train.batch_size, acc_steps=config.train.acc_steps,
             seq_len=config.train.sequence_length, vocab_size=vocab_size, world_size=data_parallel_size,
