@@ -14,8 +14,8 @@ from danastar.errors import UserError
 
 # subcommand -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("danastar.train.cli", "train a model (the main job; no arguments: a CPU run on Shakespeare)"),
-    "prepare": ("danastar.data.prepare", "tokenise a corpus into token files + meta.json"),
+    "train": ("danastar.commands.train", "train a model (the main job; no arguments: a CPU run on Shakespeare)"),
+    "prepare": ("danastar.commands.prepare", "tokenise a corpus into token files + meta.json"),
 }
 
 

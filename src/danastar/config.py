@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from danastar.errors import UserError
-from danastar.models import ARCHITECTURES
+from danastar.models import ARCHITECTURES, ModelConfig
 from danastar.optim.dana_family import DEFAULT_DELTA, DEFAULT_KAPPA
 from danastar.optim.schedules import SCHEDULES
 from danastar.scaling import DEFAULT_OMEGA, Plan, make_plan
@@ -379,6 +379,14 @@ def default_run_dir(config: TrainConfig) -> Path:
 
 def save_yaml(config: TrainConfig, path: Path) -> None:
     path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+def model_config(config: TrainConfig, plan: Plan) -> ModelConfig:
+    """The plan's model (its shape) with the options of the `model` section."""
+    model = config.model
+    return plan.model_config(z_loss=model.z_loss, init=model.init,
+                             tie_embeddings=model.tie_embeddings,
+                             residual_scale=model.residual_scale)
 
 
 def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int) -> Plan:

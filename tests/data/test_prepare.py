@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from danastar import cli
+from danastar.commands import prepare as prepare_command
 from danastar.data import prepare
 from danastar.data.prepare import ensure_prepared, prepare_source
 from danastar.data.sources import in_validation
@@ -208,12 +209,12 @@ def test_fineweb_from_local_parquet_with_the_papers_split(fineweb_case):
 def test_fineweb_one_worker_and_resumed_give_identical_output(fineweb_case, monkeypatch):
     root, _ = fineweb_case
     if not (root / "out" / "meta.json").exists():
-        assert prepare.main(fineweb_args(root, "out", workers=2)) == 0
+        assert prepare_command.main(fineweb_args(root, "out", workers=2)) == 0
     with monkeypatch.context() as patch:
         interrupt_after(patch, 2)
         with pytest.raises(KeyboardInterrupt):
-            prepare.main(fineweb_args(root, "resumed", workers=1))
-    assert prepare.main(fineweb_args(root, "resumed", workers=1)) == 0
+            prepare_command.main(fineweb_args(root, "resumed", workers=1))
+    assert prepare_command.main(fineweb_args(root, "resumed", workers=1)) == 0
     assert directory_bytes(root / "resumed") == directory_bytes(root / "out")
 
 
@@ -228,7 +229,7 @@ def test_fineweb_hub_unreachable_offline_is_a_clear_error(tmp_path):
 # --- command line and errors ------------------------------------------------------------------------
 
 def test_help(capsys):
-    assert prepare.main(["--help"]) == 0
+    assert prepare_command.main(["--help"]) == 0
     assert "--tokenizer" in capsys.readouterr().out
 
 

@@ -21,12 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from danastar.data.prepared import META_FILE, RAW_META, prepared_format
 from danastar.data.tokenizers import Tokenizer, load_tokenizer, token_dtype
 from danastar.errors import UserError
 
 REQUIRED_META_KEYS = ("tokenizer", "vocab_size", "dtype", "train_files", "val_files", "train_tokens", "val_tokens")
-# What the original release's raw train.bin / val.bin hold.
-RAW_META = {"format": "raw", "tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256, "dtype": "uint16"}
 
 
 class TokenData:
@@ -80,12 +79,13 @@ class TokenData:
         """A prepared directory (with `meta.json`), or the original release's raw `train.bin`/`val.bin`
         (uint16 GPT-2 tokens)."""
         directory = Path(path).expanduser()
-        if directory.name == "meta.json":
+        if directory.name == META_FILE:
             directory = directory.parent
         if not directory.is_dir():
             raise UserError(f"data directory {str(directory)!r} does not exist; prepare it with `danastar prepare SOURCE --out DIR`.")
-        meta_path = directory / "meta.json"
-        if meta_path.is_file():
+        meta_path = directory / META_FILE
+        layout = prepared_format(directory)
+        if layout == "meta":
             try:
                 meta = json.loads(meta_path.read_text())
             except json.JSONDecodeError as error:
@@ -93,7 +93,7 @@ class TokenData:
             missing = [key for key in REQUIRED_META_KEYS if key not in meta]
             if missing:
                 raise UserError(f"{meta_path} lacks {', '.join(missing)}; prepare the data again with `danastar prepare`.")
-        elif (directory / "train.bin").is_file() or (directory / "val.bin").is_file():
+        elif layout == "raw":
             meta = dict(RAW_META, **{f"{split}_files": [{"file": f"{split}.bin"}] for split in ("train", "val")})
         else:
             raise UserError(f"{str(directory)!r} has neither meta.json nor train.bin/val.bin; prepare it with `danastar prepare SOURCE --out {directory}`.")

@@ -20,7 +20,14 @@ from pathlib import Path
 
 import torch
 
-from danastar.config import TrainConfig, batch_layout, default_run_dir, make_run_plan, save_yaml
+from danastar.config import (
+    TrainConfig,
+    batch_layout,
+    default_run_dir,
+    make_run_plan,
+    model_config,
+    save_yaml,
+)
 from danastar.errors import UserError
 from danastar.models import build_model
 from danastar.optim import apply_schedule, build_optimizer, get_schedule
@@ -54,9 +61,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     # -- model, distribution, optimizer --------------------------------------------------------
     torch.manual_seed(config.train.seed)  # the same initial weights on every rank
     with torch.device(env.device):
-        model = build_model(plan.model_config(z_loss=config.model.z_loss, init=config.model.init,
-                                              tie_embeddings=config.model.tie_embeddings,
-                                              residual_scale=config.model.residual_scale))
+        model = build_model(model_config(config, plan))
     flops_per_token = model.flops_per_token(seq_len)
     model = parallel.parallelize(model, config, env)
     core = parallel.unwrap(model)  # the model itself, for parameter groups, sampling and checkpoints
