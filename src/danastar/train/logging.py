@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 import torch
 
+from danastar.durable import write_atomic
 from danastar.errors import UserError
 
 # Dense bf16 peak FLOP/s of common accelerators, matched against the device name (first match wins).
@@ -99,9 +100,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     if not path.exists():
         return
     kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text("".join(line + "\n" for line in kept))
-    os.replace(temporary, path)
+    write_atomic(path, "".join(line + "\n" for line in kept))
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
