@@ -132,7 +132,11 @@ def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
 
 def apply_fsdp(model: nn.Module, config, env: Distributed) -> nn.Module:
     """fully_shard each block, then the root; fp32 parameters, bf16 gradient reduction on GPU."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import (
+        MixedPrecisionPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
 
     reduce = config.parallel.reduce_dtype
     if reduce == "auto":
@@ -172,12 +176,6 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum over every rank (a no-op in a single process); returns the tensor for chaining."""
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
-
-
-def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor
 
 
