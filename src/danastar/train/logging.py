@@ -111,16 +111,29 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 class RunLogger:
     """metrics.jsonl + progress bar + console + trackers for rank 0; a file log for every rank."""
 
-    def __init__(self, run_dir: Path, config, *, rank: int, total_steps: int, start_step: int, resumed: bool):
+    def __init__(self, run_dir: Path, config, *, rank: int, total_steps: int,
+                 start_step: Optional[int] = None, resumed: bool = False):
+        """Messages (`info`) work at once; metrics, the progress bar and the trackers once
+        `start` knows where the run starts (given `start_step`, it is called here)."""
         self.run_dir = Path(run_dir)
+        self.config = config
+        self.total_steps = total_steps
         self.is_main = rank == 0
         self.file_log = rank_logger(self.run_dir, rank)
         self.bar = None
         self.wandb_run = None
         self.tensorboard = None
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_file = None
+        if start_step is not None:
+            self.start(start_step, resumed)
+
+    def start(self, start_step: int, resumed: bool) -> None:
+        """Open metrics.jsonl (dropping lines after `start_step` of a resumed run), the progress
+        bar and the trackers (rank 0)."""
         if not self.is_main:
             return
+        config = self.config
         if resumed:
             truncate_metrics(self.metrics_path, start_step)
         elif self.metrics_path.exists():
@@ -129,7 +142,7 @@ class RunLogger:
         if config.logging.progress:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
+            self.bar = tqdm(total=self.total_steps, initial=start_step, desc="train", unit="step",
                             dynamic_ncols=True, file=sys.stdout)
         if config.logging.wandb:
             self.wandb_run = start_wandb(config, self.run_dir, resumed)
@@ -184,7 +197,8 @@ class RunLogger:
         if not self.is_main:
             return
         self.end_progress()
-        self.metrics_file.close()
+        if self.metrics_file is not None:
+            self.metrics_file.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
         if self.tensorboard is not None:
