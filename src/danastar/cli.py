@@ -14,7 +14,10 @@ from danastar.errors import UserError
 
 # subcommand -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("danastar.commands.train", "train a model (the main job; no arguments: a CPU run on Shakespeare)"),
+    "train": (
+        "danastar.commands.train",
+        "train a model (the main job; no arguments: a CPU run on Shakespeare)",
+    ),
     "prepare": ("danastar.commands.prepare", "tokenise a corpus into token files + meta.json"),
 }
 
@@ -37,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command not in SUBCOMMANDS:
-        print(f"danastar: unknown command {command!r}; choose one of: {', '.join(SUBCOMMANDS)}.", file=sys.stderr)
+        print(
+            f"danastar: unknown command {command!r}; choose one of: {', '.join(SUBCOMMANDS)}.",
+            file=sys.stderr,
+        )
         return 2
     module = importlib.import_module(SUBCOMMANDS[command][0])
     try:

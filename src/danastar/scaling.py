@@ -217,7 +217,14 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
     else:
         law = lr_law(arch, opt, non_embedding, global_batch=global_batch, kappa=kappa)
         if law is None:
-            raise ValueError(f"optimizer {opt!r} has no learning-rate law; pass lr explicitly (--lr on the command line)")
+            raise ValueError(f"optimizer {opt!r} has no learning-rate law; pass lr explicitly "
+                             "(--lr "
+                             ""
+                             ""
+                             ""
+                             ""
+                             ""
+                             "on the command line)")
         lr, lr_rule = law
 
     style = registry.weight_decay_style(opt)

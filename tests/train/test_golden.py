@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from train_helpers import TINY, assert_ok, metrics, run_train
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "tiny_synthetic_enoki_adana.json"

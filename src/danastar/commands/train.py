@@ -1,4 +1,5 @@
-"""`danastar train`: parse the configuration, then plan (`--dry_run`), launch (`--nproc N`) or train.
+"""`danastar train`: parse the configuration, then plan (`--dry_run`), launch (`--nproc N`) or
+train.
 
     danastar train                                   # the CPU preset on Shakespeare
     danastar train --arch enoki --opt adana --heads 3 --dataset fineweb --dry_run
@@ -39,8 +40,13 @@ def dry_run(config: TrainConfig) -> dict:
     vocab_size, vocab_from = planned_vocab_size(config.data.dataset)
     plan = make_run_plan(config, vocab_size, layout.data_parallel_size)
     check_optimizer_settings(plan, config)
-    return {"plan": plan.to_dict(), "batch_layout": layout.to_dict(), "dataset": config.data.dataset,
-            "vocab_size_from": vocab_from, "config": config.to_dict()}
+    return {
+        "plan": plan.to_dict(),
+        "batch_layout": layout.to_dict(),
+        "dataset": config.data.dataset,
+        "vocab_size_from": vocab_from,
+        "config": config.to_dict(),
+    }
 
 
 def check_optimizer_settings(plan, config: TrainConfig) -> None:

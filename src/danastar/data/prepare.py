@@ -63,12 +63,20 @@ def ensure_prepared(name_or_dir: str | os.PathLike) -> Path:
         return directory  # a named source prepared earlier into its default directory
     if name not in AUTO_PREPARED:
         if path.exists():
-            raise UserError(f"{name!r} holds no meta.json (nor train.bin/val.bin); prepare it with `danastar prepare SOURCE --out {name}`.")
+            raise UserError(
+                f"{name!r} holds no meta.json (nor train.bin/val.bin); prepare it with `danastar "
+                f"prepare SOURCE --out {name}`."
+            )
         if directory is not None:
-            raise UserError(f"{name!r} is not prepared yet; run `danastar prepare {name}` (it writes {directory}) "
-                            f"or pass a prepared directory.")
-        raise UserError(f"data {name!r} is neither a prepared directory nor one of {', '.join(AUTO_PREPARED)}; "
-                        f"prepare it first with `danastar prepare SOURCE --out DIR` and pass DIR.")
+            raise UserError(
+                f"{name!r} is not prepared yet; run `danastar prepare {name}` (it writes "
+                f"{directory}) "
+                f"or pass a prepared directory."
+            )
+        raise UserError(
+            f"data {name!r} is neither a prepared directory nor one of {', '.join(AUTO_PREPARED)}; "
+            f"prepare it first with `danastar prepare SOURCE --out DIR` and pass DIR."
+        )
     directory.parent.mkdir(parents=True, exist_ok=True)
     import fcntl  # POSIX only, like the rest of the multi-process machinery
 
@@ -100,25 +108,45 @@ def prepare_source(
     out.mkdir(parents=True, exist_ok=True)
     spec = tokenizer or corpus.default_tokenizer
     if spec != "bpe" and vocab_size is not None:
-        raise UserError("--vocab_size only applies to --tokenizer bpe (a vocabulary trained on the corpus).")
+        raise UserError(
+            "--vocab_size only applies to --tokenizer bpe (a vocabulary trained on the corpus)."
+        )
     # What was asked for; a directory prepared (or half prepared) for another request is refused.
-    request = {"source": corpus.description,
-               "tokenizer_request": f"bpe:{vocab_size or corpus.default_vocab_size}" if spec == "bpe" else spec}
+    request = {
+        "source": corpus.description,
+        "tokenizer_request": f"bpe:{vocab_size or corpus.default_vocab_size}"
+        if spec == "bpe"
+        else spec,
+    }
     if (out / META_FILE).is_file():
         meta = json.loads((out / META_FILE).read_text())
         if {key: meta.get(key) for key in request} == request:
             return meta  # already prepared
-        raise UserError(f"{out} already holds data prepared differently; choose another --out or delete it.")
+        raise UserError(
+            f"{out} already holds data prepared differently; choose another --out or delete it."
+        )
     state = _read_state(out)
     if state is not None and state["request"] != request:
-        raise UserError(f"{out} holds an unfinished preparation with other options; choose another --out or delete it.")
-    tok, worker_spec, tokenizer_file = _resolve_tokenizer(spec, vocab_size or corpus.default_vocab_size, corpus, out, resume=state is not None)
+        raise UserError(
+            f"{out} holds an unfinished preparation with other options; choose another --out or "
+            "delete it."
+        )
+    tok, worker_spec, tokenizer_file = _resolve_tokenizer(
+        spec, vocab_size or corpus.default_vocab_size, corpus, out, resume=state is not None
+    )
     state = state or {"request": request, "shards": {}}
     dtype = token_dtype(tok.vocab_size)
 
-    total = sum(s.documents for s in corpus.shards) if all(s.documents is not None for s in corpus.shards) else None
+    total = (
+        sum(s.documents for s in corpus.shards)
+        if all(s.documents is not None for s in corpus.shards)
+        else None
+    )
     done_documents = sum(r["documents"] for r in state["shards"].values())
-    with _Tokenise(worker_spec, workers) as tokenise, _progress(total, done_documents, progress) as bar:
+    with (
+        _Tokenise(worker_spec, workers) as tokenise,
+        _progress(total, done_documents, progress) as bar,
+    ):
         for shard in corpus.shards:
             if shard.name in state["shards"]:
                 continue  # finished before an interruption
@@ -128,14 +156,20 @@ def prepare_source(
     meta = _meta(request, tok, tokenizer_file, state["shards"], corpus.shards)
     for split in ("train", "val"):
         if meta[f"{split}_tokens"] == 0:
-            raise UserError(f"the {split} split of {source!r} is empty; give more documents or adjust --val_fraction.")
+            raise UserError(
+                f"the {split} split of {source!r} is empty; give more documents or adjust "
+                "--val_fraction."
+            )
     _write_json_atomic(out / META_FILE, meta)
     (out / STATE_FILE).unlink()
     return meta
 
 
-def _resolve_tokenizer(spec: str, vocab_size: int, corpus: Corpus, out: Path, resume: bool) -> tuple[Tokenizer, str, str | None]:
-    """(tokenizer, the spec worker processes load it from, tokenizer file beside the data or None)."""
+def _resolve_tokenizer(
+    spec: str, vocab_size: int, corpus: Corpus, out: Path, resume: bool
+) -> tuple[Tokenizer, str, str | None]:
+    """(tokenizer, the spec worker processes load it from, tokenizer file beside the data or
+    None)."""
     target = out / TOKENIZER_FILE
     if spec == "bpe":
         name = f"bpe-{vocab_size}"
@@ -157,13 +191,27 @@ def _resolve_tokenizer(spec: str, vocab_size: int, corpus: Corpus, out: Path, re
     return tok, spec, None
 
 
-def _meta(request: dict, tok: Tokenizer, tokenizer_file: str | None, records: dict, shards: list[Shard]) -> dict:
-    meta = {"format": FORMAT, "tokenizer": tok.name, "vocab_size": tok.vocab_size, "dtype": token_dtype(tok.vocab_size),
-            "eot_id": tok.eot_id, "tokenizer_file": tokenizer_file, "tokenizer_library": tok.library,
-            **request, "danastar_version": __version__}
+def _meta(
+    request: dict, tok: Tokenizer, tokenizer_file: str | None, records: dict, shards: list[Shard]
+) -> dict:
+    meta = {
+        "format": FORMAT,
+        "tokenizer": tok.name,
+        "vocab_size": tok.vocab_size,
+        "dtype": token_dtype(tok.vocab_size),
+        "eot_id": tok.eot_id,
+        "tokenizer_file": tokenizer_file,
+        "tokenizer_library": tok.library,
+        **request,
+        "danastar_version": __version__,
+    }
     for split in ("train", "val"):
         names = [s.name for s in shards if s.split == split]
-        files = [{"file": f"{n}.bin", "tokens": records[n]["tokens"]} for n in names if records[n]["tokens"] > 0]
+        files = [
+            {"file": f"{n}.bin", "tokens": records[n]["tokens"]}
+            for n in names
+            if records[n]["tokens"] > 0
+        ]
         meta[f"{split}_files"] = files
         meta[f"{split}_tokens"] = sum(f["tokens"] for f in files)
         meta[f"{split}_documents"] = sum(records[n]["documents"] for n in names)
@@ -186,7 +234,9 @@ def _write_shard(shard: Shard, tokenise: _Tokenise, out: Path, dtype: str, bar) 
     return {"documents": documents, "tokens": tokens}
 
 
-def _text_batches(texts: Iterable[str], max_chars: int = 1 << 20, max_documents: int = 1024) -> Iterator[list[str]]:
+def _text_batches(
+    texts: Iterable[str], max_chars: int = 1 << 20, max_documents: int = 1024
+) -> Iterator[list[str]]:
     """Groups of documents of about a megabyte: large enough to amortise inter-process traffic,
     small enough that a corpus of a few long documents still spreads over all workers."""
     batch, size = [], 0
@@ -200,7 +250,8 @@ def _text_batches(texts: Iterable[str], max_chars: int = 1 << 20, max_documents:
         yield batch
 
 
-# --- parallel tokenisation -------------------------------------------------------------------------
+# --- parallel tokenisation
+# -------------------------------------------------------------------------
 
 _worker_tokenizer: Tokenizer | None = None
 
@@ -237,7 +288,9 @@ class _Tokenise:
     def __enter__(self) -> _Tokenise:
         if self.workers > 1:
             context = multiprocessing.get_context("spawn")
-            self.pool = context.Pool(self.workers, initializer=_init_worker, initargs=(self.spec, True))
+            self.pool = context.Pool(
+                self.workers, initializer=_init_worker, initargs=(self.spec, True)
+            )
         else:
             _init_worker(self.spec)
         return self
@@ -257,7 +310,11 @@ class _Tokenise:
 
 def _worker_count(workers: int | None) -> int:
     if workers is None:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else (os.cpu_count() or 1)
+        )
     if workers < 1:
         raise UserError(f"--workers must be at least 1 (got {workers}).")
     return workers
@@ -267,11 +324,20 @@ def _worker_count(workers: int | None) -> int:
 def _progress(total: int | None, done: int, enabled: bool):
     from tqdm.auto import tqdm
 
-    with tqdm(total=total, initial=done, unit="doc", desc="tokenising", disable=not enabled, dynamic_ncols=True) as bar:
+    with tqdm(
+        total=total,
+        initial=done,
+        unit="doc",
+        desc="tokenising",
+        disable=not enabled,
+        dynamic_ncols=True,
+    ) as bar:
         yield bar
 
 
-# --- small file helpers ----------------------------------------------------------------------------
+# --- small file helpers
+# ----------------------------------------------------------------------------
+
 
 def _read_state(out: Path) -> dict | None:
     path = out / STATE_FILE
@@ -279,7 +345,9 @@ def _read_state(out: Path) -> dict | None:
         return None
     state = json.loads(path.read_text())
     # A shard counts as finished only if its file is still there (empty shards have none).
-    state["shards"] = {n: r for n, r in state["shards"].items() if r["tokens"] == 0 or (out / f"{n}.bin").is_file()}
+    state["shards"] = {
+        n: r for n, r in state["shards"].items() if r["tokens"] == 0 or (out / f"{n}.bin").is_file()
+    }
     return state
 
 

@@ -46,8 +46,8 @@ class DanaBase(PerTensorOptimizer):
     update_constants = ("clipsnr", "eps")
     float32_scalars = True  # the kernel's 1 - a_k is at least 1 / (1 + delta), 1/9 by default
 
-    def __init__(self, params, lr, *, delta=DEFAULT_DELTA, kappa=DEFAULT_KAPPA, clipsnr=None, weight_decay=0.0,
-                 wd_ts=None, eps=1e-8, impl=None):
+    def __init__(self, params, lr, *, delta=DEFAULT_DELTA, kappa=DEFAULT_KAPPA, clipsnr=None,
+                 weight_decay=0.0, wd_ts=None, eps=1e-8, impl=None):
         check_dana_hyperparameters(lr, delta, kappa, clipsnr, weight_decay, wd_ts, eps)
         defaults = dict(lr=lr, delta=delta, kappa=kappa, clipsnr=clipsnr,
                         weight_decay=weight_decay, wd_ts=wd_ts, eps=eps)
