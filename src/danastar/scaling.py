@@ -33,7 +33,6 @@ from danastar.models.config import (
     dimensions,
     embedding_params,
     non_embedding_params,
-    padded_vocab_size,
 )
 from danastar.optim import registry
 from danastar.optim.dana_family import DEFAULT_CLIPSNR, DEFAULT_DELTA, DEFAULT_KAPPA
@@ -68,11 +67,16 @@ def _check_opt(opt: str) -> None:
 
 def exact_non_embedding_params(arch: str, n_layer: int, n_head: int, n_embd: int,
                                head_dim: int, mlp_hidden: int) -> int:
-    """Every parameter of the model except the token embedding and output head, counted on the
-    model itself, built on the meta device (no memory, no initialisation cost)."""
+    """Every parameter of the model except the token embedding and output head."""
     check_arch(arch)
-    config = ModelConfig(arch=arch, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                         head_dim=head_dim, mlp_hidden=mlp_hidden, vocab_size=1, max_seq_len=2)
+    return counted_non_embedding_params(ModelConfig(
+        arch=arch, n_layer=n_layer, n_head=n_head, n_embd=n_embd, head_dim=head_dim,
+        mlp_hidden=mlp_hidden, vocab_size=1, max_seq_len=2))
+
+
+def counted_non_embedding_params(config: ModelConfig) -> int:
+    """The non-embedding parameters of the model itself, built on the meta device (no memory,
+    no initialisation cost)."""
     with torch.device("meta"):
         return build_model(config).num_params(non_embedding=True)
 
@@ -108,20 +112,24 @@ PLAN_OVERRIDES = ("n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden", "toke
                   "warmup_steps", "lr", "wd_ts", "weight_decay")
 
 
+# The plan's model fields, reported flat in `Plan.to_dict()` (the dry run's JSON).
+MODEL_SHAPE = ("arch", "n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden", "vocab_size")
+
+
+def _of_model(name: str) -> property:
+    return property(lambda plan: getattr(plan.model, name), doc=f"``model.{name}``")
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Everything a run derives from (arch, opt, heads, batch, sequence length, vocabulary)."""
+    """Everything a run derives from (arch, opt, heads, batch, sequence length, vocabulary).
 
-    arch: str
+    The model's shape is its :class:`ModelConfig`, ``plan.model``, not a copy of its fields
+    (``plan.n_layer`` and the like read it)."""
+
+    model: ModelConfig  # the shape; max_seq_len is seq_len
     opt: str
     heads: int
-    n_layer: int
-    n_head: int
-    n_embd: int
-    head_dim: int
-    mlp_hidden: int
-    vocab_size: int
-    padded_vocab_size: int
     non_embedding_params: int  # 12·d²·L, the LR laws' convention
     exact_non_embedding_params: int  # the model's real count without embedding and head
     total_params: int  # non_embedding_params + 2·d·V (the convention the budget uses)
@@ -146,16 +154,28 @@ class Plan:
     clipsnr: float | None
     optimizer_hparams: dict[str, Any]  # kwargs for build_optimizer(opt, params, lr, **these)
 
+    arch = _of_model("arch")
+    n_layer = _of_model("n_layer")
+    n_head = _of_model("n_head")
+    n_embd = _of_model("n_embd")
+    head_dim = _of_model("head_dim")
+    mlp_hidden = _of_model("mlp_hidden")
+    vocab_size = _of_model("vocab_size")
+    padded_vocab_size = _of_model("padded_vocab_size")
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dictionary (tuples become lists)."""
-        return json_ready(dataclasses.asdict(self))
+        """JSON-ready dictionary (tuples become lists), with the model's shape flat in it."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del fields["model"]
+        shape = {name: getattr(self.model, name) for name in MODEL_SHAPE}
+        opt, heads = fields.pop("opt"), fields.pop("heads")
+        return json_ready({"arch": shape.pop("arch"), "opt": opt, "heads": heads, **shape,
+                           "padded_vocab_size": self.padded_vocab_size, **fields})
 
     def model_config(self, **overrides: Any) -> ModelConfig:
-        """The :class:`danastar.models.ModelConfig` of this plan's model."""
-        fields = dict(arch=self.arch, n_layer=self.n_layer, n_head=self.n_head,
-                      n_embd=self.n_embd, head_dim=self.head_dim, mlp_hidden=self.mlp_hidden,
-                      vocab_size=self.vocab_size, max_seq_len=self.seq_len)
-        return ModelConfig(**{**fields, **overrides})
+        """The :class:`danastar.models.ModelConfig` of this plan's model (``overrides`` replace
+        its options, e.g. ``z_loss``)."""
+        return dataclasses.replace(self.model, **overrides)
 
 
 def json_ready(value: Any) -> Any:
@@ -196,9 +216,11 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
     shape = {**dimensions(arch, heads),
              **{k: overrides[k] for k in ("n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden")
                 if k in overrides}}
-    padded_vocab = padded_vocab_size(vocab_size)
+    check_arch(arch)
+    model = ModelConfig(arch=arch, **shape, vocab_size=vocab_size, max_seq_len=seq_len)
+    padded_vocab = model.padded_vocab_size
     non_embedding = non_embedding_params(shape["n_embd"], shape["n_layer"])
-    exact_non_embedding = exact_non_embedding_params(arch, **shape)
+    exact_non_embedding = counted_non_embedding_params(model)
     embedding = embedding_params(shape["n_embd"], padded_vocab)
     total = non_embedding + embedding
 
@@ -242,8 +264,7 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
         iterations=iterations, kappa=kappa, delta=delta, clipsnr=clipsnr,
         weight_decay=weight_decay, wd_ts=wd_ts, weight_decay_given="weight_decay" in overrides))
     return Plan(
-        arch=arch, opt=opt, heads=heads, **shape, vocab_size=vocab_size,
-        padded_vocab_size=padded_vocab, non_embedding_params=non_embedding,
+        model=model, opt=opt, heads=heads, non_embedding_params=non_embedding,
         exact_non_embedding_params=exact_non_embedding, total_params=total,
         exact_total_params=exact_non_embedding + embedding, batch_size=batch_size,
         acc_steps=acc_steps, seq_len=seq_len, world_size=world_size,
