@@ -45,7 +45,8 @@ class PlainAttention(nn.Module):
         self.c = c
         inner = c.n_head * c.head_dim
         norm = nn.LayerNorm if c.arch == "enoki" else nn.RMSNorm
-        self.q_norm, self.k_norm = norm(c.head_dim, eps=c.norm_eps), norm(c.head_dim, eps=c.norm_eps)
+        self.q_norm = norm(c.head_dim, eps=c.norm_eps)
+        self.k_norm = norm(c.head_dim, eps=c.norm_eps)
         if c.arch == "enoki":
             self.c_attn = nn.Linear(c.n_embd, 3 * inner, bias=False)
         else:
@@ -82,7 +83,8 @@ class PlainBlock(nn.Module):
         super().__init__()
         norm = nn.LayerNorm if c.arch == "enoki" else nn.RMSNorm
         kwargs = dict(bias=False) if c.arch == "enoki" else {}
-        self.ln_1, self.ln_2 = norm(c.n_embd, eps=c.norm_eps, **kwargs), norm(c.n_embd, eps=c.norm_eps, **kwargs)
+        self.ln_1 = norm(c.n_embd, eps=c.norm_eps, **kwargs)
+        self.ln_2 = norm(c.n_embd, eps=c.norm_eps, **kwargs)
         self.attn = PlainAttention(c)
         self.gelu = c.arch == "enoki"
         self.c_fc = nn.Linear(c.n_embd, c.mlp_hidden if self.gelu else 2 * c.mlp_hidden, bias=False)
@@ -106,7 +108,8 @@ class PlainGPT(nn.Module):
         self.wte = nn.Embedding(c.padded_vocab_size, c.n_embd)
         self.h = nn.ModuleList(PlainBlock(c) for _ in range(c.n_layer))
         norm = nn.LayerNorm if c.arch == "enoki" else nn.RMSNorm
-        self.ln_f = norm(c.n_embd, eps=c.norm_eps, **(dict(bias=False) if c.arch == "enoki" else {}))
+        no_bias = dict(bias=False) if c.arch == "enoki" else {}
+        self.ln_f = norm(c.n_embd, eps=c.norm_eps, **no_bias)
         self.lm_head = nn.Linear(c.n_embd, c.padded_vocab_size, bias=False)
         freqs = 1.0 / c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim)
         angles = torch.outer(torch.arange(c.max_seq_len).float(), freqs)
@@ -237,8 +240,8 @@ def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: to
         forward_backward_s = result["danastar"]["median_step_s"]
         result["optimizer_step_s"] = optimizer_s
         result["tokens_per_s_with_optimizer"] = tokens / (forward_backward_s + optimizer_s)
-        result["mfu_with_optimizer"] = (flops_per_token * tokens / (forward_backward_s + optimizer_s)
-                                        / peak if peak else None)
+        whole_s = forward_backward_s + optimizer_s
+        result["mfu_with_optimizer"] = flops_per_token * tokens / whole_s / peak if peak else None
     result["speedup"] = result["danastar"]["tokens_per_s"] / result["nanogpt_style"]["tokens_per_s"]
     result["cpu_time_speedup"] = (result["danastar"]["tokens_per_cpu_s"]
                                   / result["nanogpt_style"]["tokens_per_cpu_s"])
@@ -248,8 +251,10 @@ def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: to
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--batch", type=int, default=None, help="sequences per step (CUDA default 16)")
-    parser.add_argument("--seq_len", type=int, default=None, help="tokens per sequence (CUDA default 1024)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="sequences per step (CUDA default 16)")
+    parser.add_argument("--seq_len", type=int, default=None,
+                        help="tokens per sequence (CUDA default 1024)")
     parser.add_argument("--models", nargs="+", default=None, metavar="ARCH:HEADS",
                         help="models to measure on CUDA (default enoki:12 qwen3:4)")
     parser.add_argument("--steps", type=int, default=None)
@@ -280,19 +285,24 @@ def main() -> None:
         results.append(result)
         print(f"{arch} h{heads} V {vocab_size} ({result['params'] / 1e6:.1f}M): danastar "
               f"{result['danastar']['tokens_per_s']:,.0f} tok/s, nanoGPT-style "
-              f"{result['nanogpt_style']['tokens_per_s']:,.0f} tok/s, ratio {result['speedup']:.3f} "
+              f"{result['nanogpt_style']['tokens_per_s']:,.0f} tok/s, ratio "
+              f"{result['speedup']:.3f} "
               f"(per CPU-second {result['cpu_time_speedup']:.3f})", flush=True)
         if gpu:
             print(f"    MFU danastar {result['danastar']['mfu']:.3f}, nanoGPT-style "
                   f"{result['nanogpt_style']['mfu']:.3f}; with the ADana step "
-                  f"({result['optimizer_step_s'] * 1e3:.2f} ms) {result['mfu_with_optimizer']:.3f}; "
+                  f"({result['optimizer_step_s'] * 1e3:.2f} ms) "
+                  f"{result['mfu_with_optimizer']:.3f}; "
                   f"peak memory {result['peak_memory_gib']:.1f} GiB", flush=True)
-    machine = torch.cuda.get_device_name(device) if gpu else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-    report = {"benchmark": "model_throughput", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    cpu = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    machine = torch.cuda.get_device_name(device) if gpu else cpu
+    report = {"benchmark": "model_throughput",
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": args.device, "machine": machine, "torch": torch.__version__,
               "precision": "bf16 autocast + torch.compile" if gpu else "fp32 eager",
               "batch": batch, "seq_len": seq_len, "steps": steps, "results": results}
-    path = Path(args.output or Path(__file__).parent / "results" / f"model_throughput-{device.type}.json")
+    default = Path(__file__).parent / "results" / f"model_throughput-{device.type}.json"
+    path = Path(args.output or default)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")

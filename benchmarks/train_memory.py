@@ -103,7 +103,8 @@ def measure(arch: str, heads: int, batch: int, seq_len: int, device, search: boo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--models", nargs="+", default=["enoki:12", "enoki:24"], metavar="ARCH:HEADS")
+    parser.add_argument("--models", nargs="+", default=["enoki:12", "enoki:24"],
+                        metavar="ARCH:HEADS")
     parser.add_argument("--batch", type=int, default=16, help="micro-batch of the measured step")
     parser.add_argument("--seq_len", type=int, default=1024)
     parser.add_argument("--no_search", action="store_true", help="skip the largest-batch search")
@@ -118,14 +119,17 @@ def main() -> None:
         result = measure(arch, int(heads), args.batch, args.seq_len, device, not args.no_search)
         results.append(result)
         print(f"{arch} h{heads} ({result['params'] / 1e6:.0f}M), micro-batch {args.batch} x "
-              f"{args.seq_len}: peak {result['peak_gib']:.2f} GiB = weights {result['weights_gib']:.2f}"
-              f" + grads {result['grads_gib']:.2f} + state {result['optimizer_state_gib']:.2f} + "
+              f"{args.seq_len}: peak {result['peak_gib']:.2f} GiB = weights "
+              f"{result['weights_gib']:.2f} + grads {result['grads_gib']:.2f} + state "
+              f"{result['optimizer_state_gib']:.2f} + "
               f"activations {result['activations_and_workspace_gib']:.2f}; largest micro-batch "
               f"{result.get('largest_micro_batch', '-')}", flush=True)
-    report = {"benchmark": "train_memory", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    report = {"benchmark": "train_memory",
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": torch.cuda.get_device_name(device), "torch": torch.__version__,
               "results": results}
-    path = Path(args.output or Path(__file__).parent / "results" / f"train_memory-{device.type}.json")
+    default = Path(__file__).parent / "results" / f"train_memory-{device.type}.json"
+    path = Path(args.output or default)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")

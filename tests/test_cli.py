@@ -18,5 +18,7 @@ def test_unknown_command_is_one_sentence_and_exit_2(capsys):
 
 
 def test_module_entry_point_runs():
-    result = subprocess.run([sys.executable, "-m", "danastar", "--version"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "danastar", "--version"], capture_output=True, text=True
+    )
     assert result.returncode == 0 and result.stdout.strip()

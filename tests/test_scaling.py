@@ -8,10 +8,16 @@ from danastar.models import ModelConfig, build_model
 from danastar.scaling import make_plan
 
 
-@pytest.mark.parametrize("heads, total, iterations", [
-    (3, 20.2e6, 6165), (6, 45.7e6, 13950), (12, 141e6, 43020), (24, 664e6, 202680),
-    (40, 2.62e9, 798600),
-])
+@pytest.mark.parametrize(
+    "heads, total, iterations",
+    [
+        (3, 20.2e6, 6165),
+        (6, 45.7e6, 13950),
+        (12, 141e6, 43020),
+        (24, 664e6, 202680),
+        (40, 2.62e9, 798600),
+    ],
+)
 def test_enoki_reference_ladder(heads, total, iterations):
     plan = make_plan("enoki", "adamw", heads)
     assert plan.padded_vocab_size == 50304
@@ -65,12 +71,15 @@ def test_independent_weight_decay():
     assert plan.wd_ts == plan.iterations // 10
     assert plan.weight_decay == 4.0 / plan.wd_ts
     assert plan.clipsnr == 2.0
-    assert plan.optimizer_hparams == dict(delta=8.0, kappa=0.85, weight_decay=plan.weight_decay,
-                                          wd_ts=plan.wd_ts, clipsnr=2.0)
+    assert plan.optimizer_hparams == dict(
+        delta=8.0, kappa=0.85, weight_decay=plan.weight_decay, wd_ts=plan.wd_ts, clipsnr=2.0
+    )
     adana = make_plan("enoki", "adana", 6)
     assert "clipsnr" not in adana.optimizer_hparams and adana.clipsnr is None
     decaying = make_plan("enoki", "adamw-decaying-wd", 6)
-    assert decaying.optimizer_hparams == dict(weight_decay=4.0 / decaying.wd_ts, wd_ts=decaying.wd_ts)
+    assert decaying.optimizer_hparams == dict(
+        weight_decay=4.0 / decaying.wd_ts, wd_ts=decaying.wd_ts
+    )
 
 
 def test_coupled_weight_decay():
@@ -84,9 +93,13 @@ def test_coupled_weight_decay():
 def test_ademamix_hparams():
     plan = make_plan("enoki", "ademamix", 3, delta=8.0, kappa=0.85)
     t = plan.iterations
-    assert plan.optimizer_hparams == dict(betas=(0.9, 0.999, 1 - 8.0 / t), alpha=t ** (1 - 0.85),
-                                          alpha_warmup=t, beta3_warmup=t,
-                                          weight_decay=4.0 / (plan.lr * t))
+    assert plan.optimizer_hparams == dict(
+        betas=(0.9, 0.999, 1 - 8.0 / t),
+        alpha=t ** (1 - 0.85),
+        alpha_warmup=t,
+        beta3_warmup=t,
+        weight_decay=4.0 / (plan.lr * t),
+    )
     decaying = make_plan("enoki", "ademamix-decaying-wd", 3).optimizer_hparams
     assert decaying["decaying_wd"] is True and decaying["wd_ts"] == t // 10
     assert decaying["weight_decay"] == 4.0 / (t // 10)
@@ -150,11 +163,21 @@ def test_plan_is_json_ready_and_builds_its_model():
 def test_dimensions_follow_the_heads_rule():
     for heads in (2, 3, 4, 7, 40):
         enoki = scaling.dimensions("enoki", heads)
-        assert enoki == dict(n_layer=math.floor(3 * heads / 4), n_head=heads, n_embd=64 * heads,
-                             head_dim=64, mlp_hidden=256 * heads)
+        assert enoki == dict(
+            n_layer=math.floor(3 * heads / 4),
+            n_head=heads,
+            n_embd=64 * heads,
+            head_dim=64,
+            mlp_hidden=256 * heads,
+        )
         qwen3 = scaling.dimensions("qwen3", heads)
-        assert qwen3 == dict(n_layer=2 * heads, n_head=heads, n_embd=128 * heads, head_dim=128,
-                             mlp_hidden=384 * heads)
+        assert qwen3 == dict(
+            n_layer=2 * heads,
+            n_head=heads,
+            n_embd=128 * heads,
+            head_dim=128,
+            mlp_hidden=384 * heads,
+        )
 
 
 def test_ladder_table_lists_each_rung():

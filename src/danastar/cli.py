@@ -14,10 +14,15 @@ from danastar.errors import UserError
 
 # subcommand -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("danastar.train.cli", "train a model (the main job; no arguments: a CPU run on Shakespeare)"),
-    "prepare": ("danastar.data.prepare", "tokenise a corpus into token files + meta.json"),
-    "theory": ("danastar.commands.theory",
-               "figures of the PLRF model: SGD vs DANA, scaling, exponents, kappa"),
+    "train": (
+        "danastar.commands.train",
+        "train a model (the main job; no arguments: a CPU run on Shakespeare)",
+    ),
+    "prepare": ("danastar.commands.prepare", "tokenise a corpus into token files + meta.json"),
+    "theory": (
+        "danastar.commands.theory",
+        "figures of the PLRF model: SGD vs DANA, scaling, exponents, kappa",
+    ),
 }
 
 
@@ -39,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command not in SUBCOMMANDS:
-        print(f"danastar: unknown command {command!r}; choose one of: {', '.join(SUBCOMMANDS)}.", file=sys.stderr)
+        print(
+            f"danastar: unknown command {command!r}; choose one of: {', '.join(SUBCOMMANDS)}.",
+            file=sys.stderr,
+        )
         return 2
     module = importlib.import_module(SUBCOMMANDS[command][0])
     try:

@@ -28,6 +28,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from danastar.errors import UserError
+from danastar.models import ARCHITECTURES, ModelConfig
+from danastar.optim.dana_family import DEFAULT_DELTA, DEFAULT_KAPPA
+from danastar.optim.schedules import SCHEDULES
+from danastar.scaling import DEFAULT_OMEGA, Plan, make_plan
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # the presets, shipped inside the package
 DEFAULT_PRESET = "cpu_shakespeare"
@@ -51,9 +55,9 @@ class OptimSection:
     name: str = "adana"  # any name build_optimizer knows
     lr: Optional[float] = None  # None: the fitted law γ*(P) of the scaling plan
     weight_decay: Optional[float] = None  # None: from omega (see the scaling plan)
-    omega: float = 4.0
-    kappa: float = 0.85
-    delta: float = 8.0
+    omega: float = DEFAULT_OMEGA
+    kappa: float = DEFAULT_KAPPA
+    delta: float = DEFAULT_DELTA
     clipsnr: Optional[float] = None  # *-mk4 optimizers only; None: their default 2.0
     grad_clip: float = 0.5  # global L2 norm; 0 disables clipping (the norm is still logged)
     scheduler: str = "cos_inf"
@@ -83,7 +87,9 @@ class TrainSection:
 
 @dataclass
 class DataSection:
-    dataset: str = "shakespeare"  # a prepared directory, `shakespeare` (prepared on first use), or `synthetic`
+    dataset: str = (
+        "shakespeare"  # a prepared directory, `shakespeare` (prepared on first use), or `synthetic`
+    )
     data_seed: Optional[int] = None  # None: train.seed
 
 
@@ -94,7 +100,9 @@ class ParallelSection:
     tp_size: int = 1  # tensor-parallel degree, composed with FSDP2
     hsdp_replicas: int = 1  # replicate groups of an HSDP mesh (shard within each)
     activation_checkpointing: int = 0  # checkpoint every n-th block; 0 disables
-    reduce_dtype: str = "auto"  # FSDP gradient reduction: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+    reduce_dtype: str = (
+        "auto"  # FSDP gradient reduction: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+    )
 
 
 @dataclass
@@ -140,10 +148,18 @@ FLAGS: dict[str, tuple[str, type, str]] = {
     "omega": ("optim.omega", float, "weight-decay strength ω"),
     "clipsnr": ("optim.clipsnr", float, "SNR clip of the *-mk4 optimizers"),
     "grad_clip": ("optim.grad_clip", float, "global gradient-norm clip (0 disables)"),
-    "scheduler": ("optim.scheduler", str, "LR schedule: cos_inf | cos | linear | wsd | powerlaw | none"),
+    "scheduler": (
+        "optim.scheduler",
+        str,
+        "LR schedule: cos_inf | cos | linear | wsd | powerlaw | none",
+    ),
     "warmup_steps": ("optim.warmup_steps", int, "warm-up steps (default: iterations // 50)"),
     "iterations": ("train.iterations", int, "optimizer steps (default: the Chinchilla budget)"),
-    "iterations_to_run": ("train.iterations_to_run", int, "stop cleanly after N steps of this process"),
+    "iterations_to_run": (
+        "train.iterations_to_run",
+        int,
+        "stop cleanly after N steps of this process",
+    ),
     "batch_size": ("train.batch_size", int, "GLOBAL sequences per micro-step, split over ranks"),
     "acc_steps": ("train.acc_steps", int, "gradient-accumulation micro-steps per optimizer step"),
     "sequence_length": ("train.sequence_length", int, "tokens per sequence"),
@@ -152,7 +168,11 @@ FLAGS: dict[str, tuple[str, type, str]] = {
     "log_interval": ("train.log_interval", int, "log training metrics every N steps"),
     "nproc": ("parallel.nproc", int, "processes on this machine (launches torchrun when > 1)"),
     "distributed_backend": ("parallel.backend", str, "auto | single | ddp | fsdp | zero2 | hsdp"),
-    "dataset": ("data.dataset", str, "a prepared data directory, `shakespeare` (prepared on first use) or `synthetic`"),
+    "dataset": (
+        "data.dataset",
+        str,
+        "a prepared data directory, `shakespeare` (prepared on first use) or `synthetic`",
+    ),
     "run_dir": ("logging.run_dir", str, "where the run directory goes"),
 }
 
@@ -166,17 +186,37 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint.latest_every=50. See docs/training.md.",
         argument_default=argparse.SUPPRESS,  # only flags actually given take part in the merge
     )
-    parser.add_argument("--config", help="YAML config file or preset name from configs/ (without --config and --heads: cpu_shakespeare)")
-    parser.add_argument("--dry_run", action="store_true", help="print the resolved plan as JSON and exit")
+    parser.add_argument(
+        "--config",
+        help="YAML config file or preset name from configs/ (without --config and --heads: "
+             "cpu_shakespeare)",
+    )
+    parser.add_argument(
+        "--dry_run", action="store_true", help="print the resolved plan as JSON and exit"
+    )
     for flag, (_, kind, help_text) in FLAGS.items():
         parser.add_argument(f"--{flag}", type=kind, help=help_text)
-    parser.add_argument("--no_wandb", dest="wandb", action="store_false", help="disable Weights & Biases")
-    parser.add_argument("--wandb", dest="wandb", action="store_true", help="log to Weights & Biases")
-    parser.add_argument("--auto_resume", dest="auto_resume", action="store_true",
-                        help="resume from the run directory's latest good checkpoint (the default)")
-    parser.add_argument("--no_auto_resume", dest="auto_resume", action="store_false",
-                        help="start afresh even if the run directory holds checkpoints")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted overrides")
+    parser.add_argument(
+        "--no_wandb", dest="wandb", action="store_false", help="disable Weights & Biases"
+    )
+    parser.add_argument(
+        "--wandb", dest="wandb", action="store_true", help="log to Weights & Biases"
+    )
+    parser.add_argument(
+        "--auto_resume",
+        dest="auto_resume",
+        action="store_true",
+        help="resume from the run directory's latest good checkpoint (the default)",
+    )
+    parser.add_argument(
+        "--no_auto_resume",
+        dest="auto_resume",
+        action="store_false",
+        help="start afresh even if the run directory holds checkpoints",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", metavar="section.key=value", help="dotted overrides"
+    )
     return parser
 
 
@@ -188,7 +228,10 @@ def preset_path(name_or_path: str) -> Path:
     candidate = CONFIGS_DIR / f"{name_or_path.removesuffix('.yaml')}.yaml"
     if candidate.is_file():
         return candidate
-    raise UserError(f"config file {name_or_path!r} does not exist; pass a YAML path or a preset name from configs/.")
+    raise UserError(
+        f"config file {name_or_path!r} does not exist; pass a YAML path or a preset name from "
+        "configs/."
+    )
 
 
 def load_config(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
@@ -196,7 +239,11 @@ def load_config(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     args = build_parser().parse_intermixed_args(argv)
     flags, dotted = flags_to_dict(args), dotted_to_dict(getattr(args, "overrides", []))
     config_file = getattr(args, "config", None)
-    if config_file is None and "heads" not in flags.get("model", {}) and "heads" not in dotted.get("model", {}):
+    if (
+        config_file is None
+        and "heads" not in flags.get("model", {})
+        and "heads" not in dotted.get("model", {})
+    ):
         config_file = DEFAULT_PRESET  # no --config and no --heads: the CPU run on Shakespeare
     layers = [read_yaml(preset_path(config_file))] if config_file else []
     return merge([*layers, flags, dotted]), args
@@ -206,9 +253,13 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
-        raise UserError(f"config file {path} is not valid YAML ({str(error).splitlines()[0]}); fix its syntax.") from None
+        raise UserError(
+            f"config file {path} is not valid YAML ({str(error).splitlines()[0]}); fix its syntax."
+        ) from None
     if not isinstance(loaded, dict):
-        raise UserError(f"config file {path} must hold a mapping of sections (model:, optim:, train:, ...).")
+        raise UserError(
+            f"config file {path} must hold a mapping of sections (model:, optim:, train:, ...)."
+        )
     return loaded
 
 
@@ -226,7 +277,10 @@ def dotted_to_dict(overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise UserError(f"cannot read {item!r}; overrides are written section.key=value (e.g. train.seed=1).")
+            raise UserError(
+                f"cannot read {item!r}; overrides are written section.key=value (e.g. "
+                "train.seed=1)."
+            )
         dotted[key.strip()] = yaml.safe_load(value) if value.strip() else None
     return nest(dotted)
 
@@ -252,7 +306,9 @@ def merge(layers: list[dict[str, Any]]) -> TrainConfig:
         except OmegaConfBaseException as error:
             key = getattr(error, "full_key", "") or "a config value"
             reason = str(error).splitlines()[0]
-            raise UserError(f"{key} has the wrong type ({reason}); give a value of the declared type.") from None
+            raise UserError(
+                f"{key} has the wrong type ({reason}); give a value of the declared type."
+            ) from None
     config = OmegaConf.to_object(merged)
     validate(config)
     return config
@@ -265,19 +321,27 @@ def check_keys(layer: dict[str, Any], schema: type, prefix: str = "") -> None:
         if key not in fields:
             valid = [f"{prefix}{name}" for name in fields]
             close = difflib.get_close_matches(f"{prefix}{key}", valid + all_keys(), n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}?" if close else f"valid keys here: {', '.join(valid)}."
+            hint = (
+                f"did you mean {close[0]!r}?" if close else f"valid keys here: {', '.join(valid)}."
+            )
             raise UserError(f"unknown config key '{prefix}{key}'; {hint}")
         section = section_type(fields[key])
         if section is not None:
             if not isinstance(value, dict):
-                raise UserError(f"{prefix}{key} is a section; give it as a mapping of keys, not {value!r}.")
+                raise UserError(
+                    f"{prefix}{key} is a section; give it as a mapping of keys, not {value!r}."
+                )
             check_keys(value, section, f"{prefix}{key}.")
 
 
 def section_type(f: dataclasses.Field) -> Optional[type]:
     """The dataclass of a nested section, or None for a plain value."""
     factory = f.default_factory
-    return factory if factory is not dataclasses.MISSING and dataclasses.is_dataclass(factory) else None
+    return (
+        factory
+        if factory is not dataclasses.MISSING and dataclasses.is_dataclass(factory)
+        else None
+    )
 
 
 def all_keys(schema: type = TrainConfig, prefix: str = "") -> list[str]:
@@ -288,40 +352,51 @@ def all_keys(schema: type = TrainConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-ARCHES = ("enoki", "qwen3")
 BACKENDS = ("auto", "single", "ddp", "fsdp", "zero2", "hsdp")
 
 
 def validate(config: TrainConfig) -> None:
     """Checks that need no world size; the batch layout is checked by `batch_layout`."""
-    choose("model.arch", config.model.arch, ARCHES)
+    choose("model.arch", config.model.arch, ARCHITECTURES)
     choose("parallel.backend", config.parallel.backend, BACKENDS)
     choose("train.device", config.train.device, ("auto", "cpu", "cuda"))
     choose("train.autocast", config.train.autocast, ("auto", "bf16", "off"))
     choose("parallel.reduce_dtype", config.parallel.reduce_dtype, ("auto", "bf16", "fp32"))
-    from danastar.optim.schedules import SCHEDULES
-
     choose("optim.scheduler", config.optim.scheduler, tuple(SCHEDULES))
     positive = {
-        "model.heads": config.model.heads, "train.batch_size": config.train.batch_size,
-        "train.acc_steps": config.train.acc_steps, "train.sequence_length": config.train.sequence_length,
-        "train.eval_interval": config.train.eval_interval, "train.log_interval": config.train.log_interval,
-        "train.eval_batches": config.train.eval_batches, "parallel.nproc": config.parallel.nproc,
-        "parallel.tp_size": config.parallel.tp_size, "parallel.hsdp_replicas": config.parallel.hsdp_replicas,
+        "model.heads": config.model.heads,
+        "train.batch_size": config.train.batch_size,
+        "train.acc_steps": config.train.acc_steps,
+        "train.sequence_length": config.train.sequence_length,
+        "train.eval_interval": config.train.eval_interval,
+        "train.log_interval": config.train.log_interval,
+        "train.eval_batches": config.train.eval_batches,
+        "parallel.nproc": config.parallel.nproc,
+        "parallel.tp_size": config.parallel.tp_size,
+        "parallel.hsdp_replicas": config.parallel.hsdp_replicas,
         "train.max_nonfinite_steps": config.train.max_nonfinite_steps,
         "checkpoint.keep_latest": config.checkpoint.keep_latest,
     }
     for key, value in positive.items():
         if value < 1:
             raise UserError(f"{key} must be at least 1 (got {value}).")
-    for key, value in {"train.iterations": config.train.iterations,
-                       "train.iterations_to_run": config.train.iterations_to_run}.items():
+    for key, value in {
+        "train.iterations": config.train.iterations,
+        "train.iterations_to_run": config.train.iterations_to_run,
+    }.items():
         if value is not None and value < 1:
-            raise UserError(f"{key} must be at least 1 (got {value}); leave it unset for the default.")
+            raise UserError(
+                f"{key} must be at least 1 (got {value}); leave it unset for the default."
+            )
     if config.checkpoint.latest_every == 0 or config.checkpoint.latest_every < -1:
-        raise UserError("checkpoint.latest_every must be a positive number of steps, or -1 to disable.")
+        raise UserError(
+            "checkpoint.latest_every must be a positive number of steps, or -1 to disable."
+        )
     if config.parallel.tp_size > 1 and config.parallel.backend not in ("fsdp", "zero2", "hsdp"):
-        raise UserError("tensor parallelism composes with FSDP2; add --distributed_backend fsdp (or zero2, hsdp).")
+        raise UserError(
+            "tensor parallelism composes with FSDP2; add --distributed_backend fsdp (or zero2, "
+            "hsdp)."
+        )
     if config.parallel.hsdp_replicas > 1 and config.parallel.backend != "hsdp":
         raise UserError("parallel.hsdp_replicas needs --distributed_backend hsdp.")
 
@@ -353,26 +428,40 @@ class BatchLayout:
 
 
 def batch_layout(config: TrainConfig, world_size: int) -> BatchLayout:
-    """Split `--batch_size` (global, per micro-step) over the data-parallel ranks, or say why not."""
+    """Split `--batch_size` (global, per micro-step) over the data-parallel ranks, or say why
+    not."""
     tp, replicas = config.parallel.tp_size, config.parallel.hsdp_replicas
     if world_size % tp:
-        raise UserError(f"parallel.tp_size {tp} does not divide the world of {world_size} processes; "
-                        f"choose a tp_size that divides it.")
+        raise UserError(
+            f"parallel.tp_size {tp} does not divide the world of {world_size} processes; "
+            f"choose a tp_size that divides it."
+        )
     data_parallel = world_size // tp
     if data_parallel % replicas:
-        raise UserError(f"parallel.hsdp_replicas {replicas} does not divide the {data_parallel} data-parallel "
-                        f"ranks; choose a divisor.")
+        raise UserError(
+            f"parallel.hsdp_replicas {replicas} does not divide the {data_parallel} data-parallel "
+            f"ranks; choose a divisor."
+        )
     batch = config.train.batch_size
     if batch % data_parallel:
-        raise UserError(f"--batch_size {batch} (global sequences per micro-step) does not split over "
-                        f"{data_parallel} data-parallel ranks; use a multiple of {data_parallel}.")
-    return BatchLayout(world_size, data_parallel, batch * config.train.acc_steps, batch // data_parallel,
-                       config.train.acc_steps, config.train.sequence_length)
+        raise UserError(
+            f"--batch_size {batch} (global sequences per micro-step) does not split over "
+            f"{data_parallel} data-parallel ranks; use a multiple of {data_parallel}."
+        )
+    return BatchLayout(
+        world_size,
+        data_parallel,
+        batch * config.train.acc_steps,
+        batch // data_parallel,
+        config.train.acc_steps,
+        config.train.sequence_length,
+    )
 
 
 def default_run_dir(config: TrainConfig) -> Path:
     dataset = Path(config.data.dataset).name or "data"
-    name = f"{dataset}-{config.model.arch}-{config.optim.name}-h{config.model.heads}-s{config.train.seed}"
+    model, seed = config.model, config.train.seed
+    name = f"{dataset}-{model.arch}-{config.optim.name}-h{model.heads}-s{seed}"
     return Path("runs") / name
 
 
@@ -380,21 +469,44 @@ def save_yaml(config: TrainConfig, path: Path) -> None:
     path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
 
 
-def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int):
-    """The scaling plan of this run: what `--heads` implies, with explicit settings taking precedence."""
-    from danastar import scaling
+def model_config(config: TrainConfig, plan: Plan) -> ModelConfig:
+    """The plan's model (its shape) with the options of the `model` section."""
+    model = config.model
+    return plan.model_config(
+        z_loss=model.z_loss,
+        init=model.init,
+        tie_embeddings=model.tie_embeddings,
+        residual_scale=model.residual_scale,
+    )
 
+
+def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int) -> Plan:
+    """The scaling plan of this run: what `--heads` implies, with explicit settings taking
+    precedence."""
     overrides = {
-        "lr": config.optim.lr, "weight_decay": config.optim.weight_decay,
-        "warmup_steps": config.optim.warmup_steps, "iterations": config.train.iterations,
-        "n_layer": config.model.n_layer, "n_embd": config.model.n_embd, "n_head": config.model.n_head,
+        "lr": config.optim.lr,
+        "weight_decay": config.optim.weight_decay,
+        "warmup_steps": config.optim.warmup_steps,
+        "iterations": config.train.iterations,
+        "n_layer": config.model.n_layer,
+        "n_embd": config.model.n_embd,
+        "n_head": config.model.n_head,
     }
     try:
-        return scaling.make_plan(
-            config.model.arch, config.optim.name, config.model.heads,
-            batch_size=config.train.batch_size, acc_steps=config.train.acc_steps,
-            seq_len=config.train.sequence_length, vocab_size=vocab_size, world_size=data_parallel_size,
-            kappa=config.optim.kappa, delta=config.optim.delta, omega=config.optim.omega,
-            clipsnr=config.optim.clipsnr, **{key: value for key, value in overrides.items() if value is not None})
+        return make_plan(
+            config.model.arch,
+            config.optim.name,
+            config.model.heads,
+            batch_size=config.train.batch_size,
+            acc_steps=config.train.acc_steps,
+            seq_len=config.train.sequence_length,
+            vocab_size=vocab_size,
+            world_size=data_parallel_size,
+            kappa=config.optim.kappa,
+            delta=config.optim.delta,
+            omega=config.optim.omega,
+            clipsnr=config.optim.clipsnr,
+            **{key: value for key, value in overrides.items() if value is not None},
+        )
     except ValueError as error:
         raise UserError(f"{str(error).rstrip('.')}.") from None

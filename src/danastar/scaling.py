@@ -1,10 +1,13 @@
 """Scaling rules: a whole run (shape, parameter counts, peak LR, weight decay, step budget) from
 the number of attention heads.
 
-The fitted numbers live in ``scaling_rules.yaml``; this module only applies them:
+The fitted numbers live in ``scaling_rules.yaml``; this module only applies them. What an
+optimizer takes from the plan (its weight-decay style and hyperparameters) is the optimizer
+registry's to say (``danastar.optim.registry``).
 
-* shape: ``dimensions(arch, heads)`` (n_layer, n_embd, head_dim, MLP hidden per architecture);
-* parameter counts: the LR laws' convention ``P = 12·d²·n_layer`` and the exact model count;
+* shape: ``dimensions(arch, heads)``, each architecture's ladder (owned by ``danastar.models``);
+* parameter counts: the LR laws' convention ``P = 12·d²·n_layer`` and the exact count of the
+  model itself, built on the meta device;
 * peak LR ``γ*(P) = a·(b + P)^d`` looked up by architecture, global batch, optimizer and κ;
 * Chinchilla iterations ``T = ⌊20·N / tokens_per_step⌋``, warm-up ``⌊T/50⌋``;
 * weight decay from ω: independent (``wd_ts = ⌊T/10⌋``, ``λ = ω/wd_ts``) or coupled
@@ -16,18 +19,26 @@ The fitted numbers live in ``scaling_rules.yaml``; this module only applies them
 from __future__ import annotations
 
 import dataclasses
-import math
-from fractions import Fraction
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+import torch
 import yaml
 
-VOCAB_MULTIPLE = 64  # vocabularies are padded to a multiple of this for fast matmuls
+from danastar.models import ModelConfig, build_model
+from danastar.models.config import (
+    ARCHITECTURES,
+    check_arch,
+    dimensions,
+    embedding_params,
+    non_embedding_params,
+)
+from danastar.optim import registry
+from danastar.optim.dana_family import DEFAULT_CLIPSNR, DEFAULT_DELTA, DEFAULT_KAPPA
+
 REFERENCE_BATCH = 32  # the global batch of the main LR table, and the fallback for any other
-DEFAULT_CLIPSNR = 2.0  # launcher default for the SNR-clipped (*-mk4) optimizers
-PREFIXED_OPTIMIZERS = ("torch:", "pytorch_optimizer:")  # registry pass-throughs, no LR law
+DEFAULT_OMEGA = 4.0  # weight-decay strength ω
 
 
 @lru_cache(maxsize=1)
@@ -38,70 +49,36 @@ def rules() -> dict[str, Any]:
 
 
 def architectures() -> list[str]:
-    return sorted(rules()["architectures"])
+    return sorted(ARCHITECTURES)
 
 
 def optimizers() -> list[str]:
     """Optimizer names with a known weight-decay rule (plus ``torch:*``/``pytorch_optimizer:*``)."""
-    return sorted(rules()["weight_decay_style"])
-
-
-def padded_vocab_size(vocab_size: int) -> int:
-    """Round up to a multiple of 64 (GPT-2: 50257 → 50304)."""
-    return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-
-
-def _check_arch(arch: str) -> dict[str, Any]:
-    table = rules()["architectures"]
-    if arch not in table:
-        raise ValueError(f"unknown arch {arch!r}; valid choices: {', '.join(sorted(table))}")
-    return table[arch]
+    return sorted(registry.OPTIMIZERS)
 
 
 def _check_opt(opt: str) -> None:
-    if opt.startswith(PREFIXED_OPTIMIZERS) and opt.split(":", 1)[1]:
+    if registry.is_prefixed(opt):
         return
-    if opt not in rules()["weight_decay_style"]:
+    if opt not in registry.OPTIMIZERS:
         valid = ", ".join(optimizers() + ["torch:<Name>", "pytorch_optimizer:<name>"])
         raise ValueError(f"unknown optimizer {opt!r}; valid choices: {valid}")
-
-
-def dimensions(arch: str, heads: int) -> dict[str, int]:
-    """Model shape for ``heads`` attention heads: n_layer, n_head, n_embd, head_dim, mlp_hidden."""
-    shape = _check_arch(arch)
-    if not isinstance(heads, int) or heads < 1:
-        raise ValueError(f"heads must be an integer >= 1, got {heads!r}")
-    n_layer = math.floor(heads * Fraction(shape["layers_per_head"]))
-    if n_layer < 1:
-        raise ValueError(f"{arch} with {heads} heads has no layers; use more heads")
-    head_dim = shape["head_dim"]
-    n_embd = heads * head_dim
-    return dict(n_layer=n_layer, n_head=heads, n_embd=n_embd, head_dim=head_dim,
-                mlp_hidden=shape["mlp_ratio"] * n_embd)
-
-
-def non_embedding_params(n_embd: int, n_layer: int) -> int:
-    """The LR laws' parameter count P = 12·d²·n_layer (exact for Enoki's matrices)."""
-    return 12 * n_embd**2 * n_layer
 
 
 def exact_non_embedding_params(arch: str, n_layer: int, n_head: int, n_embd: int,
                                head_dim: int, mlp_hidden: int) -> int:
     """Every parameter of the model except the token embedding and output head."""
-    _check_arch(arch)
-    inner = n_head * head_dim  # attention width
-    norms = 2 * n_embd + 2 * head_dim  # two pre-norms and the per-head q/k norms
-    if arch == "enoki":
-        attention = n_embd * 3 * inner + inner * n_embd  # fused qkv + out
-        mlp = 2 * n_embd * mlp_hidden  # up + down
-    else:  # qwen3: q_proj carries the output gate (2·inner); SwiGLU has three matrices
-        attention = n_embd * 2 * inner + 2 * n_embd * inner + inner * n_embd
-        mlp = 3 * n_embd * mlp_hidden
-    return n_layer * (attention + mlp + norms) + n_embd  # + final norm
+    check_arch(arch)
+    return counted_non_embedding_params(ModelConfig(
+        arch=arch, n_layer=n_layer, n_head=n_head, n_embd=n_embd, head_dim=head_dim,
+        mlp_hidden=mlp_hidden, vocab_size=1, max_seq_len=2))
 
 
-def embedding_params(n_embd: int, padded_vocab: int, tie_embeddings: bool = False) -> int:
-    return (1 if tie_embeddings else 2) * n_embd * padded_vocab
+def counted_non_embedding_params(config: ModelConfig) -> int:
+    """The non-embedding parameters of the model itself, built on the meta device (no memory,
+    no initialisation cost)."""
+    with torch.device("meta"):
+        return build_model(config).num_params(non_embedding=True)
 
 
 def _law_rows(arch: str, global_batch: int, opt: str) -> tuple[str, list[dict[str, float]]]:
@@ -116,7 +93,7 @@ def _law_rows(arch: str, global_batch: int, opt: str) -> tuple[str, list[dict[st
 
 
 def lr_law(arch: str, opt: str, non_embedding: int, *, global_batch: int = REFERENCE_BATCH,
-           kappa: float = 0.85) -> tuple[float, str] | None:
+           kappa: float = DEFAULT_KAPPA) -> tuple[float, str] | None:
     """Peak LR γ*(P) = a·(b + P)^d and a label of the row used, or None if no law exists.
 
     Rows with a κ apply to the nearest κ (ties go to the larger κ).
@@ -135,20 +112,24 @@ PLAN_OVERRIDES = ("n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden", "toke
                   "warmup_steps", "lr", "wd_ts", "weight_decay")
 
 
+# The plan's model fields, reported flat in `Plan.to_dict()` (the dry run's JSON).
+MODEL_SHAPE = ("arch", "n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden", "vocab_size")
+
+
+def _of_model(name: str) -> property:
+    return property(lambda plan: getattr(plan.model, name), doc=f"``model.{name}``")
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Everything a run derives from (arch, opt, heads, batch, sequence length, vocabulary)."""
+    """Everything a run derives from (arch, opt, heads, batch, sequence length, vocabulary).
 
-    arch: str
+    The model's shape is its :class:`ModelConfig`, ``plan.model``, not a copy of its fields
+    (``plan.n_layer`` and the like read it)."""
+
+    model: ModelConfig  # the shape; max_seq_len is seq_len
     opt: str
     heads: int
-    n_layer: int
-    n_head: int
-    n_embd: int
-    head_dim: int
-    mlp_hidden: int
-    vocab_size: int
-    padded_vocab_size: int
     non_embedding_params: int  # 12·d²·L, the LR laws' convention
     exact_non_embedding_params: int  # the model's real count without embedding and head
     total_params: int  # non_embedding_params + 2·d·V (the convention the budget uses)
@@ -173,18 +154,28 @@ class Plan:
     clipsnr: float | None
     optimizer_hparams: dict[str, Any]  # kwargs for build_optimizer(opt, params, lr, **these)
 
+    arch = _of_model("arch")
+    n_layer = _of_model("n_layer")
+    n_head = _of_model("n_head")
+    n_embd = _of_model("n_embd")
+    head_dim = _of_model("head_dim")
+    mlp_hidden = _of_model("mlp_hidden")
+    vocab_size = _of_model("vocab_size")
+    padded_vocab_size = _of_model("padded_vocab_size")
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dictionary (tuples become lists)."""
-        return json_ready(dataclasses.asdict(self))
+        """JSON-ready dictionary (tuples become lists), with the model's shape flat in it."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del fields["model"]
+        shape = {name: getattr(self.model, name) for name in MODEL_SHAPE}
+        opt, heads = fields.pop("opt"), fields.pop("heads")
+        return json_ready({"arch": shape.pop("arch"), "opt": opt, "heads": heads, **shape,
+                           "padded_vocab_size": self.padded_vocab_size, **fields})
 
-    def model_config(self, **overrides: Any):
-        """The :class:`danastar.models.ModelConfig` of this plan's model."""
-        from danastar.models import ModelConfig
-
-        fields = dict(arch=self.arch, n_layer=self.n_layer, n_head=self.n_head,
-                      n_embd=self.n_embd, head_dim=self.head_dim, mlp_hidden=self.mlp_hidden,
-                      vocab_size=self.vocab_size, max_seq_len=self.seq_len)
-        return ModelConfig(**{**fields, **overrides})
+    def model_config(self, **overrides: Any) -> ModelConfig:
+        """The :class:`danastar.models.ModelConfig` of this plan's model (``overrides`` replace
+        its options, e.g. ``z_loss``)."""
+        return dataclasses.replace(self.model, **overrides)
 
 
 def json_ready(value: Any) -> Any:
@@ -197,7 +188,8 @@ def json_ready(value: Any) -> Any:
 
 def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_steps: int = 1,
               seq_len: int = 2048, vocab_size: int = 50257, world_size: int = 1,
-              kappa: float = 0.85, delta: float = 8.0, omega: float = 4.0,
+              kappa: float = DEFAULT_KAPPA, delta: float = DEFAULT_DELTA,
+              omega: float = DEFAULT_OMEGA,
               clipsnr: float | None = None, **overrides: Any) -> Plan:
     """The run plan for ``heads`` heads; ``batch_size · acc_steps`` is the global batch.
 
@@ -214,18 +206,21 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if batch_size % world_size:
         raise ValueError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
-    snr_clipped = opt in rules()["snr_clipped"]
+    snr_clipped = registry.snr_clipped(opt)
     if clipsnr is not None and not snr_clipped:
-        raise ValueError(f"clipsnr applies only to {', '.join(rules()['snr_clipped'])}")
+        clipped = [name for name in registry.OPTIMIZERS if registry.snr_clipped(name)]
+        raise ValueError(f"clipsnr applies only to {', '.join(clipped)}")
     if snr_clipped and clipsnr is None:
         clipsnr = DEFAULT_CLIPSNR
 
     shape = {**dimensions(arch, heads),
              **{k: overrides[k] for k in ("n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden")
                 if k in overrides}}
-    padded_vocab = padded_vocab_size(vocab_size)
+    check_arch(arch)
+    model = ModelConfig(arch=arch, **shape, vocab_size=vocab_size, max_seq_len=seq_len)
+    padded_vocab = model.padded_vocab_size
     non_embedding = non_embedding_params(shape["n_embd"], shape["n_layer"])
-    exact_non_embedding = exact_non_embedding_params(arch, **shape)
+    exact_non_embedding = counted_non_embedding_params(model)
     embedding = embedding_params(shape["n_embd"], padded_vocab)
     total = non_embedding + embedding
 
@@ -244,10 +239,17 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
     else:
         law = lr_law(arch, opt, non_embedding, global_batch=global_batch, kappa=kappa)
         if law is None:
-            raise ValueError(f"optimizer {opt!r} has no learning-rate law; pass lr explicitly (--lr on the command line)")
+            raise ValueError(f"optimizer {opt!r} has no learning-rate law; pass lr explicitly "
+                             "(--lr "
+                             ""
+                             ""
+                             ""
+                             ""
+                             ""
+                             "on the command line)")
         lr, lr_rule = law
 
-    style = rules()["weight_decay_style"].get(opt, "none")
+    style = registry.weight_decay_style(opt)
     wd_ts = None
     weight_decay = 0.0
     if style == "independent":
@@ -258,12 +260,11 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
         weight_decay = omega / (lr * iterations)
     weight_decay = float(overrides.get("weight_decay", weight_decay))
 
-    hparams = _optimizer_hparams(opt, style, iterations=iterations, kappa=kappa, delta=delta,
-                                 clipsnr=clipsnr, weight_decay=weight_decay, wd_ts=wd_ts,
-                                 weight_decay_given="weight_decay" in overrides)
+    hparams = registry.run_hparams(opt, registry.RunSettings(
+        iterations=iterations, kappa=kappa, delta=delta, clipsnr=clipsnr,
+        weight_decay=weight_decay, wd_ts=wd_ts, weight_decay_given="weight_decay" in overrides))
     return Plan(
-        arch=arch, opt=opt, heads=heads, **shape, vocab_size=vocab_size,
-        padded_vocab_size=padded_vocab, non_embedding_params=non_embedding,
+        model=model, opt=opt, heads=heads, non_embedding_params=non_embedding,
         exact_non_embedding_params=exact_non_embedding, total_params=total,
         exact_total_params=exact_non_embedding + embedding, batch_size=batch_size,
         acc_steps=acc_steps, seq_len=seq_len, world_size=world_size,
@@ -273,30 +274,6 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
         weight_decay=weight_decay, wd_ts=wd_ts, kappa=kappa, delta=delta, omega=omega,
         clipsnr=clipsnr, optimizer_hparams=hparams,
     )
-
-
-def _optimizer_hparams(opt: str, style: str, *, iterations: int, kappa: float, delta: float,
-                       clipsnr: float | None, weight_decay: float, wd_ts: int | None,
-                       weight_decay_given: bool) -> dict[str, Any]:
-    """The keyword arguments ``danastar.optim.build_optimizer`` takes for ``opt``."""
-    if opt in ("adana", "dana-mk4", "dana-star", "dana-star-mk4"):
-        hparams = dict(delta=delta, kappa=kappa, weight_decay=weight_decay, wd_ts=wd_ts)
-        if clipsnr is not None:
-            hparams["clipsnr"] = clipsnr
-        return hparams
-    if opt in ("ademamix", "ademamix-decaying-wd"):
-        # the paper's log-time AdEMAMix: slow EMA horizon and mixing weight grow with the run
-        hparams = dict(betas=(0.9, 0.999, 1.0 - delta / iterations),
-                       alpha=iterations ** (1.0 - kappa), alpha_warmup=iterations,
-                       beta3_warmup=iterations, weight_decay=weight_decay)
-        if style == "independent":
-            hparams.update(wd_ts=wd_ts, decaying_wd=True)
-        return hparams
-    if style == "independent":  # adamw-decaying-wd
-        return dict(weight_decay=weight_decay, wd_ts=wd_ts)
-    if style == "coupled" or weight_decay_given:  # adamw, muon; or an explicit value
-        return dict(weight_decay=weight_decay)
-    return {}
 
 
 def ladder_table(arch: str, opt: str, heads: list[int], **plan_kwargs: Any) -> str:

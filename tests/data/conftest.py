@@ -23,7 +23,13 @@ def shakespeare_run(tmp_path_factory):
     data_root = tmp_path_factory.mktemp("data")
     env = {**os.environ, "DANASTAR_DATA_DIR": str(data_root)}
     processes = [
-        subprocess.Popen([sys.executable, "-c", ENSURE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", ENSURE],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     outputs = [process.communicate(timeout=300) for process in processes]

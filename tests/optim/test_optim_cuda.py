@@ -7,13 +7,14 @@ Marked ``cuda``: skipped where no CUDA device is visible (CI); run on a GPU with
 
 from functools import partial
 
-import optim_spec_reference as spec
 import pytest
 import torch
 from test_optim_fast_paths import DANA_VARIANTS, HPARAMS, SHAPES
 from test_optim_spec_match import DANA, run_against_spec
 
 from danastar.optim import AdamWDecayingWD, AdEMAMix
+
+import optim_spec_reference as spec
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -83,12 +83,12 @@ def test_compiled_matches_reference_without_recompiling(cls, hparams):
 def test_automatic_choice_and_compile_fallback(monkeypatch):
     """Small CPU groups use the reference loop; large ones compile; a failed compile falls back
     (with a warning) when the path was chosen automatically, and raises when it was asked for."""
-    from danastar.optim import _kernel
+    from danastar.optim import base
 
     small = [torch.zeros(10, requires_grad=True)]
     assert ADana(small, lr=1e-3).resolve_impl(small) == "reference"
     assert AdEMAMix(small, lr=1e-3).resolve_impl(small) == "reference"
-    monkeypatch.setattr(_kernel, "CPU_COMPILE_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(base, "CPU_COMPILE_MIN_ELEMENTS", 0)
     assert ADana(small, lr=1e-3).resolve_impl(small) == "compiled"
 
     def broken_compiler():
@@ -96,7 +96,7 @@ def test_automatic_choice_and_compile_fallback(monkeypatch):
             raise RuntimeError("no C++ compiler")
         return fail
 
-    monkeypatch.setattr(_kernel, "compile_per_tensor_runner", broken_compiler)
+    monkeypatch.setattr(base, "compile_per_tensor_runner", broken_compiler)
     automatic, reference = make_params([torch.float32] * 4), make_params([torch.float32] * 4)
     with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
         train(ADana, automatic, None, 3)

@@ -6,8 +6,16 @@ import pytest
 import torch
 from torch import nn
 
-from danastar.optim import (ADana, AdamWDecayingWD, AdEMAMix, DanaStar, MuonWithAdamW,
-                            OPTIMIZERS, apply_schedule, build_optimizer)
+from danastar.optim import (
+    OPTIMIZERS,
+    AdamWDecayingWD,
+    ADana,
+    AdEMAMix,
+    DanaStar,
+    MuonWithAdamW,
+    apply_schedule,
+    build_optimizer,
+)
 
 
 class TinyLM(nn.Module):

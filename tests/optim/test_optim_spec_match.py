@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-import optim_spec_reference as spec
 from danastar.optim import ADana, apply_schedule, build_optimizer, get_schedule
+
+import optim_spec_reference as spec
 
 SHAPES = [(6, 5), (11,), (2, 3, 4), (1,)]
 STEPS = 35

@@ -1,4 +1,5 @@
 import pytest
+
 from train_helpers import assert_ok, run_train
 
 

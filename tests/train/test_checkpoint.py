@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from danastar.train.checkpoint import Checkpointer, gather_rng_states, rng_state, set_rng_state, verify
+from danastar.train.checkpoint import (
+    Checkpointer,
+    gather_rng_states,
+    rng_state,
+    set_rng_state,
+    verify,
+)
 
 
 def trained_pair(seed=0):
@@ -20,7 +26,9 @@ def trained_pair(seed=0):
 def save_steps(checkpointer, steps, **kwargs):
     model, optimizer = trained_pair()
     for step in steps:
-        checkpointer.save(step, model, optimizer, {"step": step, "rng": gather_rng_states()}, **kwargs)
+        checkpointer.save(
+            step, model, optimizer, {"step": step, "rng": gather_rng_states()}, **kwargs
+        )
     return model, optimizer
 
 
@@ -34,7 +42,10 @@ def test_round_trip_restores_model_optimizer_and_run_state(tmp_path):
     assert run_state["step"] == 7
     for a, b in zip(model.state_dict().values(), fresh_model.state_dict().values()):
         assert torch.equal(a, b)
-    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], fresh_optimizer.state_dict()["state"][0]["exp_avg"])
+    assert torch.equal(
+        optimizer.state_dict()["state"][0]["exp_avg"],
+        fresh_optimizer.state_dict()["state"][0]["exp_avg"],
+    )
 
 
 def test_keeps_the_newest_latest_and_every_permanent(tmp_path):
@@ -89,7 +100,9 @@ def test_staging_on_local_disk_copies_in_the_background(tmp_path):
     checkpointer.wait()
     assert [p.name for p in checkpointer.checkpoints()] == ["latest-00000003", "latest-00000006"]
     assert verify(tmp_path / "run" / "latest-00000006")[0] is not None
-    assert not [p for p in staging.rglob("*") if p.is_file()]  # staged copies are removed once moved
+    assert not [
+        p for p in staging.rglob("*") if p.is_file()
+    ]  # staged copies are removed once moved
 
 
 def test_staged_sharded_checkpoint_is_published_verified_and_loads(tmp_path):
@@ -119,4 +132,8 @@ def test_rng_states_round_trip():
     expected = (torch.rand(3), np.random.rand(3), random.random())
     set_rng_state(set_seed_state)
     again = (torch.rand(3), np.random.rand(3), random.random())
-    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+    assert (
+        torch.equal(expected[0], again[0])
+        and np.array_equal(expected[1], again[1])
+        and expected[2] == again[2]
+    )

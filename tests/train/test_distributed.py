@@ -2,9 +2,14 @@
 process on the same global batch, within float rounding; every rank takes part in evaluation."""
 
 import pytest
+
 from train_helpers import assert_ok, compared, metrics, run_train
 
-RUN = ("--iterations", "40", "checkpoint.latest_every=3")  # the resume tests' run: references are shared
+RUN = (
+    "--iterations",
+    "40",
+    "checkpoint.latest_every=3",
+)  # the resume tests' run: references are shared
 
 
 def assert_close_to(run_dir, reference_dir):
@@ -20,12 +25,15 @@ def assert_close_to(run_dir, reference_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [
-    (),  # DDP, the default with several processes
-    ("--distributed_backend", "fsdp"),
-    ("--distributed_backend", "zero2", "parallel.activation_checkpointing=1"),
-    ("--distributed_backend", "hsdp", "parallel.hsdp_replicas=2"),
-])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        (),  # DDP, the default with several processes
+        ("--distributed_backend", "fsdp"),
+        ("--distributed_backend", "zero2", "parallel.activation_checkpointing=1"),
+        ("--distributed_backend", "hsdp", "parallel.hsdp_replicas=2"),
+    ],
+)
 def test_two_processes_match_one(reference_runs, layout):
     run_dir = reference_runs((*RUN, *layout), torchrun=2)
     assert_close_to(run_dir, reference_runs(RUN))
@@ -35,7 +43,11 @@ def test_two_processes_match_one(reference_runs, layout):
 @pytest.mark.slow
 def test_tensor_parallel_with_fsdp_matches_one_process(tmp_path, reference_runs):
     run_dir = tmp_path / "run"
-    assert_ok(run_train([*RUN, "--distributed_backend", "fsdp", "parallel.tp_size=2"], run_dir, torchrun=2))
+    assert_ok(
+        run_train(
+            [*RUN, "--distributed_backend", "fsdp", "parallel.tp_size=2"], run_dir, torchrun=2
+        )
+    )
     assert_close_to(run_dir, reference_runs(RUN))
 
 
@@ -43,6 +55,6 @@ def test_tensor_parallel_with_fsdp_matches_one_process(tmp_path, reference_runs)
 def test_nproc_flag_launches_torchrun_itself(tmp_path, reference_runs):
     run_dir = tmp_path / "run"
     assert_ok(run_train([*RUN, "--nproc", "2"], run_dir))
-    assert "world_size\": 2" in (run_dir / "environment.json").read_text()
+    assert 'world_size": 2' in (run_dir / "environment.json").read_text()
     assert (run_dir / "logs" / "rank1.log").exists()
     assert_close_to(run_dir, reference_runs(RUN))

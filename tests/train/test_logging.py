@@ -9,7 +9,9 @@ from danastar.train.logging import RunLogger, read_metrics, truncate_metrics
 
 def make_logger(run_dir, resumed=False, start_step=0, **logging_keys):
     config = merge([{"logging": {"progress": False, **logging_keys}}])
-    return RunLogger(run_dir, config, rank=0, total_steps=10, start_step=start_step, resumed=resumed)
+    return RunLogger(
+        run_dir, config, rank=0, total_steps=10, start_step=start_step, resumed=resumed
+    )
 
 
 def test_metrics_lines_and_rank_log(tmp_path):
@@ -18,8 +20,10 @@ def test_metrics_lines_and_rank_log(tmp_path):
     logger.log({"step": 1, "train_loss": 2.4, "lr": 1e-3})
     logger.info("hello")
     logger.close()
-    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 0, "val_loss": 2.5},
-                                                        {"step": 1, "train_loss": 2.4, "lr": 1e-3}]
+    assert read_metrics(tmp_path / "metrics.jsonl") == [
+        {"step": 0, "val_loss": 2.5},
+        {"step": 1, "train_loss": 2.4, "lr": 1e-3},
+    ]
     assert "hello" in (tmp_path / "logs" / "rank0.log").read_text()
 
 
@@ -42,4 +46,6 @@ def test_trackers_are_optional_and_asked_for(tmp_path, key, package):
         with pytest.raises(UserError, match="not installed"):
             make_logger(tmp_path, **{key: True})
     else:
-        make_logger(tmp_path, **{key: True}, **({"wandb_offline": True} if key == "wandb" else {})).close()
+        make_logger(
+            tmp_path, **{key: True}, **({"wandb_offline": True} if key == "wandb" else {})
+        ).close()

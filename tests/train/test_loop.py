@@ -5,13 +5,14 @@ import math
 
 import pytest
 import yaml
-from train_helpers import TINY, assert_ok, metrics, run_train
 
 from danastar import scaling
 from danastar.cli import main as danastar_main
 from danastar.config import load_config
 from danastar.errors import UserError
 from danastar.train import loop
+
+from train_helpers import TINY, assert_ok, metrics, run_train
 
 RUN = ("--iterations", "40", "checkpoint.latest_every=3")  # the resume tests' reference run
 
@@ -23,7 +24,9 @@ def dry_run(capsys, *argv):
 
 @pytest.mark.slow
 def test_default_preset_shortened_learns_shakespeare_and_samples(tmp_path):
-    result = run_train_preset(tmp_path, "--iterations", "60", "train.eval_interval=30", "train.final_eval_batches=8")
+    result = run_train_preset(
+        tmp_path, "--iterations", "60", "train.eval_interval=30", "train.final_eval_batches=8"
+    )
     assert_ok(result)
     logged = metrics(tmp_path / "run")
     evaluations = [m for m in logged if "val_loss" in m]
@@ -39,8 +42,13 @@ def run_train_preset(tmp_path, *args):
 
     from train_helpers import environment
 
-    return subprocess.run([sys.executable, "-m", "danastar", "train", *args, "--run_dir", str(tmp_path / "run")],
-                          env=environment(), capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "danastar", "train", *args, "--run_dir", str(tmp_path / "run")],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_run_directory_holds_config_environment_logs_and_metrics(reference_runs):
@@ -53,10 +61,20 @@ def test_run_directory_holds_config_environment_logs_and_metrics(reference_runs)
     assert "run directory" in (run_dir / "logs" / "rank0.log").read_text()
     logged = metrics(run_dir)
     assert logged[0]["step"] == 0 and logged[0]["loss/init"] == logged[0]["val_loss"]
-    assert abs(logged[0]["val_loss"] - math.log(512)) < 1.0  # near uniform over the vocabulary at init
+    assert (
+        abs(logged[0]["val_loss"] - math.log(512)) < 1.0
+    )  # near uniform over the vocabulary at init
     train_lines = [m for m in logged if "train_loss" in m]
     assert [m["step"] for m in train_lines] == list(range(1, 41))
-    for key in ("lr", "grad_norm", "tokens", "tokens_per_s", "step_time", "mfu", "optim/momentum_norm"):
+    for key in (
+        "lr",
+        "grad_norm",
+        "tokens",
+        "tokens_per_s",
+        "step_time",
+        "mfu",
+        "optim/momentum_norm",
+    ):
         assert key in train_lines[-1], key
     assert train_lines[-1]["tokens"] == 40 * 4 * 2 * 32
     assert train_lines[-1]["train_loss"] < train_lines[0]["train_loss"]
@@ -83,7 +101,9 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, monkeyp
         return optimizer
 
     monkeypatch.setattr(loop, "build_optimizer", counting_build)
-    config, _ = load_config([*TINY, "--iterations", "20", "train.max_nonfinite_steps=3", "--run_dir", str(tmp_path)])
+    config, _ = load_config(
+        [*TINY, "--iterations", "20", "train.max_nonfinite_steps=3", "--run_dir", str(tmp_path)]
+    )
     with pytest.raises(UserError, match="3 non-finite steps in a row"):
         loop.train(config)
     skipped = [m["skipped_steps"] for m in metrics(tmp_path) if "skipped_steps" in m]
@@ -92,20 +112,63 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, monkeyp
 
 
 def test_dry_run_prints_the_scaling_plan_and_the_batch_layout(capsys):
-    printed = dry_run(capsys, "--arch", "enoki", "--opt", "adana", "--heads", "12", "--dataset", "fineweb",
-                      "--batch_size", "32", "--acc_steps", "1", "--sequence_length", "2048", "--nproc", "4")
-    expected = scaling.make_plan("enoki", "adana", 12, batch_size=32, acc_steps=1, seq_len=2048,
-                                 vocab_size=50257, world_size=4)
+    printed = dry_run(
+        capsys,
+        "--arch",
+        "enoki",
+        "--opt",
+        "adana",
+        "--heads",
+        "12",
+        "--dataset",
+        "fineweb",
+        "--batch_size",
+        "32",
+        "--acc_steps",
+        "1",
+        "--sequence_length",
+        "2048",
+        "--nproc",
+        "4",
+    )
+    expected = scaling.make_plan(
+        "enoki",
+        "adana",
+        12,
+        batch_size=32,
+        acc_steps=1,
+        seq_len=2048,
+        vocab_size=50257,
+        world_size=4,
+    )
     assert printed["plan"] == json.loads(json.dumps(expected.to_dict()))
     assert printed["plan"]["padded_vocab_size"] == 50304
-    assert printed["batch_layout"]["micro_batch_per_rank"] == 8 and printed["batch_layout"]["world_size"] == 4
+    assert (
+        printed["batch_layout"]["micro_batch_per_rank"] == 8
+        and printed["batch_layout"]["world_size"] == 4
+    )
     assert printed["batch_layout"]["tokens_per_step"] == 32 * 2048
 
 
 def test_dry_run_explicit_flags_override_the_plan(capsys):
-    printed = dry_run(capsys, "--heads", "6", "--dataset", "fineweb", "--lr", "1e-3", "--iterations", "500",
-                      "--warmup_steps", "7")
-    assert (printed["plan"]["lr"], printed["plan"]["iterations"], printed["plan"]["warmup_steps"]) == (1e-3, 500, 7)
+    printed = dry_run(
+        capsys,
+        "--heads",
+        "6",
+        "--dataset",
+        "fineweb",
+        "--lr",
+        "1e-3",
+        "--iterations",
+        "500",
+        "--warmup_steps",
+        "7",
+    )
+    assert (
+        printed["plan"]["lr"],
+        printed["plan"]["iterations"],
+        printed["plan"]["warmup_steps"],
+    ) == (1e-3, 500, 7)
     assert printed["plan"]["n_embd"] == 6 * 64
 
 
@@ -115,11 +178,14 @@ def test_impossible_batch_layout_is_one_sentence_and_exit_2(capsys):
     assert "does not split over 4 data-parallel ranks" in error and error.count("\n") == 1
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--kappa", "1.5"], "kappa must be in (0, 1]"),
-    (["--opt", "dana-star-mk4", "--clipsnr", "0"], "clipsnr must be None or > 0"),
-    (["--lr", "-1"], "lr must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--kappa", "1.5"], "kappa must be in (0, 1]"),
+        (["--opt", "dana-star-mk4", "--clipsnr", "0"], "clipsnr must be None or > 0"),
+        (["--lr", "-1"], "lr must be >= 0"),
+    ],
+)
 def test_dry_run_rejects_the_optimizer_settings_training_would_reject(capsys, flags, message):
     assert danastar_main(["train", *flags, "--dataset", "fineweb", "--dry_run"]) == 2
     error = capsys.readouterr().err
@@ -137,8 +203,12 @@ def test_unknown_key_is_one_sentence_and_exit_2(capsys):
 
 def test_optimizer_hyperparameters_it_rejects_are_a_user_error(tmp_path):
     # AdEMAMix's slow EMA β3 = 1 − δ/T is negative for a run shorter than δ steps.
-    config, _ = load_config([*TINY, "--opt", "ademamix", "--iterations", "3", "--run_dir", str(tmp_path)])
-    with pytest.raises(UserError, match="cannot run this plan.*change the optimizer settings or --iterations"):
+    config, _ = load_config(
+        [*TINY, "--opt", "ademamix", "--iterations", "3", "--run_dir", str(tmp_path)]
+    )
+    with pytest.raises(
+        UserError, match="cannot run this plan.*change the optimizer settings or --iterations"
+    ):
         loop.train(config)
 
 

@@ -2,14 +2,23 @@
 
 import os
 import random
-import signal
 import shutil
+import signal
 
 import pytest
-from train_helpers import (assert_ok, compared, last_step, metrics, run_train, start_train, wait_for_step)
 
 from danastar.train.checkpoint import Checkpointer, verify
 from danastar.train.signals import PREEMPTED_EXIT_CODE
+
+from train_helpers import (
+    assert_ok,
+    compared,
+    last_step,
+    metrics,
+    run_train,
+    start_train,
+    wait_for_step,
+)
 
 RUN = ("--iterations", "40", "checkpoint.latest_every=3")
 
@@ -52,12 +61,18 @@ def test_fsdp_resume_matches_within_rounding(tmp_path, reference_runs):
     assert [(step, key) for step, key, _ in resumed] == [(step, key) for step, key, _ in reference]
     for (step, key, got), (_, _, expected) in zip(resumed, reference):
         assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), (step, key)
-    assert "dcp" in (run_dir / "checkpoints" / sorted(os.listdir(run_dir / "checkpoints"))[-1] / "meta.json").read_text()
+    assert (
+        "dcp"
+        in (
+            run_dir / "checkpoints" / sorted(os.listdir(run_dir / "checkpoints"))[-1] / "meta.json"
+        ).read_text()
+    )
 
 
 @pytest.mark.slow
-def test_fsdp_checkpoints_staged_on_slurm_tmpdir_are_published_complete_and_resume(tmp_path, monkeypatch,
-                                                                                   reference_runs):
+def test_fsdp_checkpoints_staged_on_slurm_tmpdir_are_published_complete_and_resume(
+    tmp_path, monkeypatch, reference_runs
+):
     fsdp = ("--distributed_backend", "fsdp")
     reference = compared(reference_runs((*RUN, *fsdp), torchrun=2))
     node = tmp_path / "node"
@@ -70,8 +85,12 @@ def test_fsdp_checkpoints_staged_on_slurm_tmpdir_are_published_complete_and_resu
         meta, problem = verify(path)
         assert meta is not None, (path, problem)
         assert meta["layout"] == "dcp" and {".metadata", "run_state.pt"} <= set(meta["files"])
-        assert len([name for name in meta["files"] if name.endswith(".distcp")]) >= 2  # both ranks' shards
-    assert node.is_dir() and not [p for p in node.rglob("*") if p.is_file()]  # staged copies removed
+        assert (
+            len([name for name in meta["files"] if name.endswith(".distcp")]) >= 2
+        )  # both ranks' shards
+    assert node.is_dir() and not [
+        p for p in node.rglob("*") if p.is_file()
+    ]  # staged copies removed
     assert_ok(run_train([*RUN, *fsdp], run_dir, torchrun=2))
     assert "resumed from" in (run_dir / "logs" / "rank0.log").read_text()
     assert "at step 20" in (run_dir / "logs" / "rank0.log").read_text()
@@ -81,7 +100,9 @@ def test_fsdp_checkpoints_staged_on_slurm_tmpdir_are_published_complete_and_resu
         assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), (step, key)
 
 
-def test_sigterm_saves_a_loadable_checkpoint_and_exits_with_the_preemption_code(tmp_path, reference_runs):
+def test_sigterm_saves_a_loadable_checkpoint_and_exits_with_the_preemption_code(
+    tmp_path, reference_runs
+):
     run_dir = tmp_path / "run"
     args = [*RUN[:2], "checkpoint.latest_every=-1"]  # only the signal writes a checkpoint
     process = start_train(args, run_dir)
@@ -129,7 +150,9 @@ def test_no_auto_resume_starts_afresh(tmp_path, reference_runs):
 @pytest.mark.slow
 def test_sigusr1_to_the_nproc_launcher_reaches_every_worker(tmp_path):
     run_dir = tmp_path / "run"
-    process = start_train(["--iterations", "100000", "checkpoint.latest_every=-1", "--nproc", "2"], run_dir)
+    process = start_train(
+        ["--iterations", "100000", "checkpoint.latest_every=-1", "--nproc", "2"], run_dir
+    )
     wait_for_step(process, run_dir, 3)
     process.send_signal(signal.SIGUSR1)  # only the launcher; torchrun forwards it to the workers
     output = process.communicate(timeout=120)[0]

@@ -11,10 +11,19 @@ import signal
 
 import pytest
 import torch
-from train_helpers import assert_ok, compared, last_step, metrics, run_train, start_train, wait_for_step
 
 from danastar.optim import ADana
 from danastar.train.checkpoint import Checkpointer
+
+from train_helpers import (
+    assert_ok,
+    compared,
+    last_step,
+    metrics,
+    run_train,
+    start_train,
+    wait_for_step,
+)
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -68,7 +77,8 @@ def test_sharded_checkpoint_round_trip_on_cuda(tmp_path):
             return model, ADana(model.parameters(), lr=1e-2, weight_decay=0.1)
 
         def step(model, optimizer, seed):
-            inputs = torch.randn(16, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+            generator = torch.Generator("cuda").manual_seed(seed)
+            inputs = torch.randn(16, 64, device="cuda", generator=generator)
             model(inputs).square().mean().backward()
             optimizer.step()
             optimizer.zero_grad()

@@ -1,4 +1,5 @@
-"""Helpers for the training tests: running `danastar train` as real processes (single, `--nproc`, or torchrun)."""
+"""Helpers for the training tests: running `danastar train` as real processes (single, `--nproc`,
+or torchrun)."""
 
 import json
 import os
@@ -9,9 +10,29 @@ from pathlib import Path
 
 # A tiny model on the in-memory synthetic source: milliseconds per step, no corpus needed. The LR
 # keeps its loss falling smoothly, so that comparisons across layouts measure rounding, not chaos.
-TINY = ["--dataset", "synthetic", "--heads", "2", "--lr", "3e-3", "--batch_size", "4", "--acc_steps", "2",
-        "--sequence_length", "32", "--log_interval", "1", "--eval_interval", "5", "--no_wandb",
-        "train.eval_batches=2", "train.final_eval_batches=2", "train.sample_tokens=0", "logging.progress=false"]
+TINY = [
+    "--dataset",
+    "synthetic",
+    "--heads",
+    "2",
+    "--lr",
+    "3e-3",
+    "--batch_size",
+    "4",
+    "--acc_steps",
+    "2",
+    "--sequence_length",
+    "32",
+    "--log_interval",
+    "1",
+    "--eval_interval",
+    "5",
+    "--no_wandb",
+    "train.eval_batches=2",
+    "train.final_eval_batches=2",
+    "train.sample_tokens=0",
+    "logging.progress=false",
+]
 COMPARED = ("train_loss", "loss", "grad_norm", "lr", "val_loss")  # everything but timings
 
 
@@ -23,25 +44,48 @@ def environment() -> dict:
 def command(args, run_dir, torchrun=0):
     base = [sys.executable, "-m", "danastar", "train"]
     if torchrun:
-        base = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}",
-                "-m", "danastar", "train"]
+        base = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={torchrun}",
+            "-m",
+            "danastar",
+            "train",
+        ]
     return base + [*TINY, *args, "--run_dir", str(run_dir)]
 
 
 def run_train(args, run_dir, torchrun=0, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run(command(args, run_dir, torchrun), env=environment(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        command(args, run_dir, torchrun),
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def start_train(args, run_dir, torchrun=0) -> subprocess.Popen:
     # Its own session, so that the whole process tree (torchrun and workers) can be signalled.
-    return subprocess.Popen(command(args, run_dir, torchrun), env=environment(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        command(args, run_dir, torchrun),
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def metrics(run_dir) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if path.exists()
+        else []
+    )
 
 
 def compared(run_dir) -> list[tuple]:
@@ -64,5 +108,3 @@ def wait_for_step(process, run_dir, step, timeout=120) -> None:
 
 def assert_ok(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-
-

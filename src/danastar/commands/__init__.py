@@ -1,1 +1,2 @@
-"""Command-line front ends of the `danastar` subcommands (argparse), one module each."""
+"""The command-line front ends: each module parses its arguments and calls the packages it
+drives; `danastar.cli` dispatches `danastar <command>` to `commands.<command>.main(argv)`."""

@@ -2,7 +2,7 @@
 
 * `danastar.data.tokenizers` — `load_tokenizer(spec)`, `train_bpe(texts, vocab_size)`.
 * `danastar.data.sources` — the corpora: the embedded Shakespeare, local files, FineWeb.
-* `danastar.data.prepare` — `danastar prepare`, `prepare_source`, `ensure_prepared`.
+* `danastar.data.prepare` — `prepare_source` (what `danastar prepare` runs), `ensure_prepared`.
 * `danastar.data.loader` — `TokenData`, `TrainLoader`, `validation_batches` (imports torch).
 
 Nothing is imported here, so that `danastar prepare` does not pay for torch.

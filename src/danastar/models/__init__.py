@@ -12,13 +12,14 @@ from typing import Any
 
 from torch import nn
 
-from danastar.models.config import ModelConfig
+from danastar.models.config import ARCHITECTURES, ModelConfig
 from danastar.models.enoki import Enoki
 from danastar.models.loss import LossOutput, chunked_cross_entropy
 from danastar.models.qwen3 import Qwen3
 from danastar.models.transformer import Transformer
 
 MODELS: dict[str, type[Transformer]] = {"enoki": Enoki, "qwen3": Qwen3}
+assert tuple(MODELS) == ARCHITECTURES, "each architecture has its ladder and its class"
 
 
 def build_model(arch_or_config: str | ModelConfig, **kwargs: Any) -> nn.Module:
@@ -33,5 +34,5 @@ def build_model(arch_or_config: str | ModelConfig, **kwargs: Any) -> nn.Module:
     return MODELS[config.arch](config)
 
 
-__all__ = ["MODELS", "Enoki", "LossOutput", "ModelConfig", "Qwen3", "Transformer",
+__all__ = ["ARCHITECTURES", "MODELS", "Enoki", "LossOutput", "ModelConfig", "Qwen3", "Transformer",
            "build_model", "chunked_cross_entropy"]

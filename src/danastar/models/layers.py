@@ -69,7 +69,8 @@ class KVCache:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
 
-    def update(self, k: torch.Tensor, v: torch.Tensor, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, k: torch.Tensor, v: torch.Tensor,
+               pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, H, T, hd) at positions pos..pos+T; return everything up to pos+T."""
         if self.keys is None:
             shape = (*k.shape[:2], self.max_len, k.shape[-1])

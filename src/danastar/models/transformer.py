@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from danastar import scaling
-from danastar.models.config import ModelConfig
+from danastar.models.config import ModelConfig, embedding_params, non_embedding_params
 from danastar.models.layers import KVCache, RMSNorm, rope_frequencies
 from danastar.models.loss import chunked_cross_entropy
 
@@ -117,17 +116,17 @@ class Transformer(nn.Module):
         return groups
 
     def num_params(self, exact: bool = True, non_embedding: bool = False) -> int:
-        """Parameter count: the real one (``exact``) or the scaling rules' 12·d²·L (+ 2·d·V)."""
+        """Parameter count: the real one (``exact``) or the LR laws' 12·d²·L (+ 2·d·V)."""
         config = self.config
         if exact:
             total = sum(p.numel() for p in self.parameters())
             if non_embedding:
                 total -= sum(p.numel() for p in {self.embed.weight, self.lm_head.weight})
             return total
-        count = scaling.non_embedding_params(config.n_embd, config.n_layer)
+        count = non_embedding_params(config.n_embd, config.n_layer)
         if not non_embedding:
-            count += scaling.embedding_params(config.n_embd, config.padded_vocab_size,
-                                              config.tie_embeddings)
+            count += embedding_params(config.n_embd, config.padded_vocab_size,
+                                      config.tie_embeddings)
         return count
 
     def flops_per_token(self, seq_len: int) -> int:

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import math
 
-from ._kernel import PerTensorOptimizer, check, decay_multiplier
+from .base import (
+    PerTensorOptimizer,
+    check,
+    check_betas,
+    check_non_negative,
+    check_positive_or_none,
+    decay_multiplier,
+    working_copy,
+    write_back,
+)
 
 
 def adamw_decaying_wd_scalars(k, lr, schedule_factor, *, betas, weight_decay, wd_ts):
@@ -22,22 +31,28 @@ def adamw_decaying_wd_scalars(k, lr, schedule_factor, *, betas, weight_decay, wd
 def adamw_decaying_wd_update(param, grad, m, v, *, step_size, sqrt_bc2, decay, betas, eps):
     """One step on one tensor (reference and compiled paths)."""
     beta1, beta2 = betas
-    work = param if param.dtype == m.dtype else param.to(m.dtype)
+    work = working_copy(param, m)
     grad = grad.to(m.dtype)
     m.lerp_(grad, 1 - beta1)
     v.mul_(beta2).add_(grad * grad * (1 - beta2))
     work.sub_(step_size * m / (v.sqrt() / sqrt_bc2 + eps))
     work.mul_(decay)
-    if work is not param:
-        param.copy_(work)
-
-
-def check_betas(betas) -> None:
-    check(all(0 <= beta < 1 for beta in betas), f"betas must each be in [0, 1), got {betas}")
+    write_back(param, work)
 
 
 class AdamWDecayingWD(PerTensorOptimizer):
-    """AdamW whose weight decay is independent of the LR and decays as 1 / (1 + k / wd_ts)."""
+    """AdamW whose weight decay is independent of the LR and decays as 1 / (1 + k / wd_ts).
+
+    Args:
+        params: tensors, or param-group dicts (each may override any setting below).
+        lr: peak learning rate γ*; the schedule scales it through ``group["lr"]``.
+        betas: (β1, β2), the EMA coefficients of the gradient and of its square, each in [0, 1).
+        eps: added to sqrt(v̂) in the denominator.
+        weight_decay: λ of the decay p ← p · (1 − λ · s_t [/ (1 + k / wd_ts)]), where s_t is
+            the schedule factor (current LR / peak LR); not multiplied by the LR.
+        wd_ts: time scale of the decay of λ in steps (the paper uses T/10); None keeps λ constant.
+        impl: "reference", "compiled" or None (automatic), as for :class:`ADana`.
+    """
 
     buffer_names = ("exp_avg", "exp_avg_sq")
     step_scalars = staticmethod(adamw_decaying_wd_scalars)
@@ -49,9 +64,8 @@ class AdamWDecayingWD(PerTensorOptimizer):
                  wd_ts=None, impl=None):
         check(len(betas) == 2, f"betas must be (beta1, beta2), got {betas}")
         check_betas(betas)
-        check(eps >= 0, f"eps must be >= 0, got {eps}")
-        check(weight_decay >= 0, f"weight_decay must be >= 0, got {weight_decay}")
-        check(wd_ts is None or wd_ts > 0, f"wd_ts must be None or > 0, got {wd_ts}")
+        check_non_negative(eps=eps, weight_decay=weight_decay)
+        check_positive_or_none(wd_ts=wd_ts)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         wd_ts=wd_ts)
         super().__init__(params, defaults, impl)

@@ -14,9 +14,9 @@ Unclipped this is p - lr * (g + (1 + (1 + k)^(1 - kappa)) m) / D: the momentum c
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor
 
-from ._kernel import PerTensorOptimizer, check, decay_multiplier
+from .base import decay_multiplier, finish_foreach, working_copies, working_copy, write_back
+from .dana_family import DanaBase, foreach_log_time_moments
 
 
 def adana_scalars(k, lr, schedule_factor, *, delta, kappa, weight_decay, wd_ts):
@@ -44,7 +44,7 @@ def adana_update(param, grad, m, v, *, a, boost, lr, decay, clipsnr, eps):
     written out as m + a (g - m): torch.lerp with a tensor weight compiles to both of its
     formulas and a blend.
     """
-    work = param if param.dtype == m.dtype else param.to(m.dtype)
+    work = working_copy(param, m)
     grad = grad.to(m.dtype)
     m.add_(a * (grad - m))
     v.mul_(1 - a).add_(grad * grad * a)
@@ -55,19 +55,7 @@ def adana_update(param, grad, m, v, *, a, boost, lr, decay, clipsnr, eps):
         momentum = torch.minimum(torch.maximum(momentum, -bound), bound)
     work.sub_(lr * ((grad + m + momentum) / denom))
     work.mul_(decay)
-    if work is not param:
-        param.copy_(work)
-
-
-def foreach_log_time_moments(ms, vs, grads, a, eps):
-    """The DANA family's moment update over lists: m <- lerp(m, g, a), v <- (1 - a) v + a g^2;
-    returns the denominators D = sqrt(v) + eps."""
-    torch._foreach_lerp_(ms, grads, a)
-    torch._foreach_mul_(vs, 1 - a)
-    torch._foreach_addcmul_(vs, grads, grads, value=a)
-    denom = torch._foreach_sqrt(vs)
-    torch._foreach_add_(denom, eps)
-    return denom
+    write_back(param, work)
 
 
 def adana_foreach_update(params, grads, ms, vs, *, a, boost, lr, decay, clipsnr, eps):
@@ -87,83 +75,25 @@ def adana_foreach_update(params, grads, ms, vs, *, a, boost, lr, decay, clipsnr,
     finish_foreach(params, work, decay)
 
 
-def working_copies(params, grads, buffers):
-    """Parameters and gradients in the state's dtype (float32 copies for bf16 parameters)."""
-    work = [p if p.dtype == b.dtype else p.to(b.dtype) for p, b in zip(params, buffers)]
-    grads = [g.to(b.dtype) for g, b in zip(grads, buffers)]
-    return work, grads
-
-
-def finish_foreach(params, work, decay):
-    """Apply the weight-decay multiplier, then write float32 copies back to low-precision params."""
-    if decay != 1:
-        torch._foreach_mul_(work, decay)
-    for param, updated in zip(params, work):
-        if updated is not param:
-            param.copy_(updated)
-
-
-def check_dana_hyperparameters(lr, delta, kappa, clipsnr, weight_decay, wd_ts, eps):
-    check(lr >= 0, f"lr must be >= 0, got {lr}")
-    check(delta > 0, f"delta must be > 0 (default 8), got {delta}")
-    check(0 < kappa <= 1, f"kappa must be in (0, 1] (default 0.85), got {kappa}")
-    check(clipsnr is None or clipsnr > 0, f"clipsnr must be None or > 0, got {clipsnr}")
-    check(weight_decay >= 0, f"weight_decay must be >= 0, got {weight_decay}")
-    check(wd_ts is None or wd_ts > 0, f"wd_ts must be None or > 0, got {wd_ts}")
-    check(eps >= 0, f"eps must be >= 0, got {eps}")
-
-
-def _total(tensor: torch.Tensor) -> float:
-    """Sum of all elements as a float; for a DTensor, over every rank's shard."""
-    total = tensor.sum(dtype=torch.float64)
-    return float(total.full_tensor() if isinstance(total, DTensor) else total)
-
-
-class DanaBase(PerTensorOptimizer):
-    """What ADana and DanaStar share: hyperparameters, validation and diagnostics."""
-
-    update_constants = ("clipsnr", "eps")
-    float32_scalars = True  # the kernel's 1 - a_k is at least 1 / (1 + delta), 1/9 by default
-
-    def __init__(self, params, lr, *, delta=8.0, kappa=0.85, clipsnr=None, weight_decay=0.0,
-                 wd_ts=None, eps=1e-8, impl=None):
-        check_dana_hyperparameters(lr, delta, kappa, clipsnr, weight_decay, wd_ts, eps)
-        defaults = dict(lr=lr, delta=delta, kappa=kappa, clipsnr=clipsnr,
-                        weight_decay=weight_decay, wd_ts=wd_ts, eps=eps)
-        super().__init__(params, defaults, impl)
-
-    def diagnostic_terms(self, state: dict, k: float, group: dict) -> dict:
-        raise NotImplementedError
-
-    @torch.no_grad()
-    def diagnostics(self) -> dict[str, float]:
-        """Means of the damping factor A and SNR r (and tau for Dana-Star) over all
-        coordinates, and the global norm of m, computed now from the state (DTensor-safe)."""
-        sums: dict[str, float] = {}
-        count, momentum_square = 0, 0.0
-        for group in self.param_groups:
-            for param in group["params"]:
-                state = self.state.get(param)
-                if not state:
-                    continue
-                terms = self.diagnostic_terms(state, state["step"].item(), group)
-                for name, values in terms.items():
-                    sums[name] = sums.get(name, 0.0) + _total(values)
-                momentum_square += _total(state["exp_avg"].square())
-                count += param.numel()
-        if count == 0:
-            return {}
-        result = {f"{name}_mean": total / count for name, total in sums.items()}
-        result["momentum_norm"] = momentum_square ** 0.5
-        return result
-
-
 class ADana(DanaBase):
     """ADana (``clipsnr=None``) and Dana-MK4 (``clipsnr=2.0``).
 
-    ``impl`` picks the path: "reference" (plain per-tensor loop, any dtype), "foreach"
-    (torch._foreach_* multi-tensor ops), "compiled" (torch.compile over the group's tensor lists),
-    or None (automatic: compiled, except the reference loop for small groups on CPU).
+    Args:
+        params: tensors, or param-group dicts (each may override any setting below).
+        lr: peak learning rate γ*; the schedule scales it through ``group["lr"]``.
+        delta: δ > 0 of the EMA coefficient a_k = δ / (δ + k) of both moments (default 8):
+            the moments average over a window that grows with the step, in log time.
+        kappa: κ in (0, 1] of the Nesterov factor α(k) = (1 + k)^(1 − κ) (default 0.85);
+            smaller κ gives the momentum more weight as training goes on.
+        clipsnr: Dana-MK4's clip of the damping A = α(k)·|m|/D at this value; None: no clip.
+        weight_decay: λ of the independent decay p ← p · (1 − λ · s_t [/ (1 + k / wd_ts)]),
+            s_t the schedule factor (current LR / peak LR); not multiplied by the LR.
+        wd_ts: time scale of the decay of λ in steps (the paper uses T/10); None: constant λ.
+        eps: added to sqrt(v) in the denominator D.
+        impl: the path: "reference" (plain per-tensor loop, any dtype), "foreach"
+            (torch._foreach_* multi-tensor ops), "compiled" (torch.compile over the group's
+            tensor lists), or None (automatic: compiled, except the reference loop for small
+            groups on CPU).
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq")

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import math
 
-from ._kernel import PerTensorOptimizer, check, decay_multiplier
-from .adamw import check_betas
+from .base import (
+    PerTensorOptimizer,
+    check,
+    check_betas,
+    check_non_negative,
+    check_positive_or_none,
+    decay_multiplier,
+    working_copy,
+    write_back,
+)
 
 
 def half_life(beta: float) -> float:
@@ -41,7 +49,7 @@ def ademamix_update(param, grad, m1, m2, v, *, alpha, beta3, bc1, sqrt_bc2, lr, 
                     coupled_decay, betas, eps):
     """One step on one tensor (reference and compiled paths)."""
     beta1, beta2, _ = betas
-    work = param if param.dtype == m1.dtype else param.to(m1.dtype)
+    work = working_copy(param, m1)
     grad = grad.to(m1.dtype)
     work.mul_(decay)
     m1.lerp_(grad, 1 - beta1)
@@ -49,12 +57,27 @@ def ademamix_update(param, grad, m1, m2, v, *, alpha, beta3, bc1, sqrt_bc2, lr, 
     v.mul_(beta2).add_(grad * grad * (1 - beta2))
     direction = (m1 / bc1 + alpha * m2) / (v.sqrt() / sqrt_bc2 + eps)
     work.sub_(lr * (direction + coupled_decay * work))
-    if work is not param:
-        param.copy_(work)
+    write_back(param, work)
 
 
 class AdEMAMix(PerTensorOptimizer):
-    """AdEMAMix (arXiv 2409.03137), optionally with the decaying, independent weight decay."""
+    """AdEMAMix (arXiv 2409.03137), optionally with the decaying, independent weight decay.
+
+    Args:
+        params: tensors, or param-group dicts (each may override any setting below).
+        lr: peak learning rate γ*; the schedule scales it through ``group["lr"]``.
+        betas: (β1, β2, β3): the fast EMA of the gradient, the EMA of its square, and the slow
+            EMA m2, each in [0, 1).
+        alpha: weight of the slow EMA in the update (m̂1 + α·m2) / (sqrt(v̂) + eps).
+        alpha_warmup: steps over which α grows linearly from 0; None: no warm-up.
+        beta3_warmup: steps over which β3 grows (linearly in half-life) from β1; None: no warm-up.
+        eps: added to sqrt(v̂) in the denominator.
+        weight_decay: λ. Coupled (AdamW's p ← p − lr·λ·p) unless ``decaying_wd``.
+        wd_ts: with ``decaying_wd``, the time scale of the decay of λ in steps; None: constant.
+        decaying_wd: use the DANA family's independent decay p ← p · (1 − λ·s_t [/ (1 + k/wd_ts)])
+            (s_t the schedule factor), applied before the update.
+        impl: "reference", "compiled" or None (automatic), as for :class:`ADana`.
+    """
 
     buffer_names = ("exp_avg_fast", "exp_avg_slow", "exp_avg_sq")
     step_scalars = staticmethod(ademamix_scalars)
@@ -68,12 +91,10 @@ class AdEMAMix(PerTensorOptimizer):
                  impl=None):
         check(len(betas) == 3, f"betas must be (beta1, beta2, beta3), got {betas}")
         check_betas(betas)
-        check(alpha >= 0, f"alpha must be >= 0, got {alpha}")
-        for name, warmup in (("alpha_warmup", alpha_warmup), ("beta3_warmup", beta3_warmup)):
-            check(warmup is None or warmup > 0, f"{name} must be None or > 0, got {warmup}")
-        check(eps >= 0, f"eps must be >= 0, got {eps}")
-        check(weight_decay >= 0, f"weight_decay must be >= 0, got {weight_decay}")
-        check(wd_ts is None or wd_ts > 0, f"wd_ts must be None or > 0, got {wd_ts}")
+        check_non_negative(alpha=alpha)
+        check_positive_or_none(alpha_warmup=alpha_warmup, beta3_warmup=beta3_warmup)
+        check_non_negative(eps=eps, weight_decay=weight_decay)
+        check_positive_or_none(wd_ts=wd_ts)
         defaults = dict(lr=lr, betas=tuple(betas), alpha=alpha, alpha_warmup=alpha_warmup,
                         beta3_warmup=beta3_warmup, eps=eps, weight_decay=weight_decay,
                         wd_ts=wd_ts, decaying_wd=bool(decaying_wd))

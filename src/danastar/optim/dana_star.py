@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ._kernel import decay_multiplier
-from .adana import DanaBase, finish_foreach, foreach_log_time_moments, working_copies
+from .base import decay_multiplier, finish_foreach, working_copies, working_copy, write_back
+from .dana_family import DanaBase, foreach_log_time_moments
 
 
 def dana_star_scalars(k, lr, schedule_factor, *, delta, weight_decay, wd_ts):
@@ -62,7 +62,7 @@ def dana_star_update(param, grad, m, v, tau, *, a, k, tau_floor, lr, decay, kapp
     [-clipsnr tau_r, clipsnr tau_r]. The lerps are written out as m + a (g - m): torch.lerp with
     a tensor weight compiles to both of its formulas and a blend.
     """
-    work = param if param.dtype == m.dtype else param.to(m.dtype)
+    work = working_copy(param, m)
     grad = grad.to(m.dtype)
     m.add_(a * (grad - m))
     v.mul_(1 - a).add_(grad * grad * a)
@@ -77,8 +77,7 @@ def dana_star_update(param, grad, m, v, tau, *, a, k, tau_floor, lr, decay, kapp
         momentum = torch.minimum(torch.maximum(momentum, -bound), bound)
     work.sub_(lr * (norm * (grad + m) + momentum))
     work.mul_(decay)
-    if work is not param:
-        param.copy_(work)
+    write_back(param, work)
 
 
 def dana_star_foreach_update(params, grads, ms, vs, taus, *, a, k, tau_floor, lr, decay, kappa,
@@ -121,7 +120,21 @@ def dana_star_foreach_update(params, grads, ms, vs, taus, *, a, k, tau_floor, lr
 
 
 class DanaStar(DanaBase):
-    """Dana-Star (``clipsnr=None``) and Dana-Star-MK4 (``clipsnr=2.0``); ``impl`` as ADana."""
+    """Dana-Star (``clipsnr=None``) and Dana-Star-MK4 (``clipsnr=2.0``).
+
+    Args:
+        params: tensors, or param-group dicts (each may override any setting below).
+        lr: peak learning rate γ*; the schedule scales it through ``group["lr"]``.
+        delta: δ > 0 of the EMA coefficient a_k = δ / (δ + k) of m, v and tau (default 8).
+        kappa: κ in (0, 1] of the effective-time factor T_eff^(1 − κ), T_eff = max(tau·k, 1)
+            (default 0.85).
+        clipsnr: Dana-Star-MK4's clip of the damping A at this value; None: no clip.
+        weight_decay: λ of the independent decay p ← p · (1 − λ · s_t [/ (1 + k / wd_ts)]),
+            s_t the schedule factor (current LR / peak LR); not multiplied by the LR.
+        wd_ts: time scale of the decay of λ in steps (the paper uses T/10); None: constant λ.
+        eps: added to sqrt(v) in the denominator D.
+        impl: "reference", "foreach", "compiled" or None (automatic), as for :class:`ADana`.
+    """
 
     buffer_names = ("exp_avg", "exp_avg_sq", "tau")
     step_scalars = staticmethod(dana_star_scalars)

@@ -41,7 +41,19 @@ def split_groups(groups: list[dict]) -> tuple[list[dict], list[dict]]:
 class MuonWithAdamW(torch.optim.Optimizer):
     """One optimizer over two: its ``param_groups`` are the Muon groups then the AdamW groups
     (the same dicts the inner optimizers read), and its ``state`` is shared with both, so LR
-    schedulers, ``state_dict`` and ``load_state_dict`` see a single ordinary optimizer."""
+    schedulers, ``state_dict`` and ``load_state_dict`` see a single ordinary optimizer.
+
+    Args:
+        params: tensors, ``(name, tensor)`` groups or param-group dicts with a ``"names"`` list;
+            the names route embeddings and the head to AdamW (unnamed 2-D tensors go to Muon).
+        lr: peak learning rate of both parts (Muon's update is scaled to AdamW's RMS).
+        weight_decay: coupled weight decay of both parts (a group's own value wins).
+        momentum: Muon's momentum coefficient.
+        nesterov: whether Muon uses Nesterov momentum.
+        betas: AdamW's (β1, β2).
+        eps: AdamW's epsilon.
+        ns_steps: Newton-Schulz iterations of Muon's orthogonalisation.
+    """
 
     def __init__(self, params, lr, *, weight_decay=0.0, momentum=0.95, nesterov=True,
                  betas=(0.8, 0.999), eps=1e-8, ns_steps=5):

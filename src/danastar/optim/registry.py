@@ -1,32 +1,118 @@
-"""The optimizer registry: every optimizer the framework can train with, by name."""
+"""The optimizer registry: every optimizer the framework can train with, by name, and what each
+takes from a training run (its weight-decay style and its hyperparameters)."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .adamw import AdamWDecayingWD
 from .adana import ADana
 from .ademamix import AdEMAMix
+from .dana_family import DEFAULT_CLIPSNR
 from .dana_star import DanaStar
 from .muon import MuonWithAdamW
 
-# name -> (constructor, defaults that make the named variant)
-OPTIMIZERS: dict[str, tuple[Callable[..., torch.optim.Optimizer], dict]] = {
-    "adana": (ADana, {}),
-    "dana-mk4": (ADana, {"clipsnr": 2.0}),
-    "dana-star": (DanaStar, {}),
-    "dana-star-mk4": (DanaStar, {"clipsnr": 2.0}),
-    "adamw": (torch.optim.AdamW, {"betas": (0.9, 0.999)}),
-    "adamw-decaying-wd": (AdamWDecayingWD, {}),
-    "ademamix": (AdEMAMix, {}),
-    "ademamix-decaying-wd": (AdEMAMix, {"decaying_wd": True}),
-    "muon": (MuonWithAdamW, {}),
-    "sgd": (torch.optim.SGD, {}),
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a training run decides that an optimizer may take (the scaling plan fills it in)."""
+
+    iterations: int
+    kappa: float
+    delta: float
+    clipsnr: float | None
+    weight_decay: float
+    wd_ts: int | None  # the decaying weight decay's time scale; None for coupled styles
+    weight_decay_given: bool  # the user set weight_decay explicitly
+
+
+def dana_hparams(run: RunSettings) -> dict[str, Any]:
+    hparams = dict(delta=run.delta, kappa=run.kappa, weight_decay=run.weight_decay,
+                   wd_ts=run.wd_ts)
+    if run.clipsnr is not None:
+        hparams["clipsnr"] = run.clipsnr
+    return hparams
+
+
+def log_time_ademamix_hparams(run: RunSettings) -> dict[str, Any]:
+    """The paper's log-time AdEMAMix: slow EMA horizon and mixing weight grow with the run."""
+    return dict(betas=(0.9, 0.999, 1.0 - run.delta / run.iterations),
+                alpha=run.iterations ** (1.0 - run.kappa), alpha_warmup=run.iterations,
+                beta3_warmup=run.iterations, weight_decay=run.weight_decay)
+
+
+def decaying_ademamix_hparams(run: RunSettings) -> dict[str, Any]:
+    return {**log_time_ademamix_hparams(run), "wd_ts": run.wd_ts, "decaying_wd": True}
+
+
+def decaying_wd_hparams(run: RunSettings) -> dict[str, Any]:
+    return dict(weight_decay=run.weight_decay, wd_ts=run.wd_ts)
+
+
+def coupled_wd_hparams(run: RunSettings) -> dict[str, Any]:
+    return dict(weight_decay=run.weight_decay)
+
+
+def explicit_wd_hparams(run: RunSettings) -> dict[str, Any]:
+    """Optimizers without a weight-decay rule take one only when the user gives it."""
+    return dict(weight_decay=run.weight_decay) if run.weight_decay_given else {}
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A registry entry. ``weight_decay`` says how a run derives it from omega: "independent"
+    (wd_ts = T/10, weight_decay = omega / wd_ts), "coupled" (omega / (peak LR · T)) or "none"."""
+
+    constructor: Callable[..., torch.optim.Optimizer]
+    variant: dict[str, Any]  # the constructor defaults that make the named variant
+    weight_decay: str
+    hparams: Callable[[RunSettings], dict[str, Any]]  # the run's keyword arguments
+
+
+OPTIMIZERS: dict[str, Registered] = {
+    "adana": Registered(ADana, {}, "independent", dana_hparams),
+    "dana-mk4": Registered(ADana, {"clipsnr": DEFAULT_CLIPSNR}, "independent", dana_hparams),
+    "dana-star": Registered(DanaStar, {}, "independent", dana_hparams),
+    "dana-star-mk4": Registered(DanaStar, {"clipsnr": DEFAULT_CLIPSNR}, "independent",
+                                dana_hparams),
+    "adamw": Registered(torch.optim.AdamW, {"betas": (0.9, 0.999)}, "coupled",
+                        coupled_wd_hparams),
+    "adamw-decaying-wd": Registered(AdamWDecayingWD, {}, "independent", decaying_wd_hparams),
+    "ademamix": Registered(AdEMAMix, {}, "coupled", log_time_ademamix_hparams),
+    "ademamix-decaying-wd": Registered(AdEMAMix, {"decaying_wd": True}, "independent",
+                                       decaying_ademamix_hparams),
+    "muon": Registered(MuonWithAdamW, {}, "coupled", coupled_wd_hparams),
+    "sgd": Registered(torch.optim.SGD, {}, "none", explicit_wd_hparams),
 }
+# Pass-throughs to any torch.optim class or pytorch-optimizer optimizer: no rule, no LR law.
 PREFIXES = ("torch:", "pytorch_optimizer:")
+
+
+def is_prefixed(name: str) -> bool:
+    """A well-formed pass-through name such as ``torch:NAdam``."""
+    return name.startswith(PREFIXES) and bool(name.split(":", 1)[1])
+
+
+def weight_decay_style(name: str) -> str:
+    """How ``name`` takes its weight decay from omega ("none" for pass-throughs)."""
+    return OPTIMIZERS[name].weight_decay if name in OPTIMIZERS else "none"
+
+
+def snr_clipped(name: str) -> bool:
+    """Whether ``name`` is a variant that clips the signal-to-noise ratio (the ``*-mk4`` ones)."""
+    return name in OPTIMIZERS and "clipsnr" in OPTIMIZERS[name].variant
+
+
+def run_hparams(name: str, run: RunSettings) -> dict[str, Any]:
+    """The keyword arguments ``build_optimizer(name, ...)`` takes from a run."""
+    if name in OPTIMIZERS:
+        return OPTIMIZERS[name].hparams(run)
+    return explicit_wd_hparams(run)
 
 
 def normalize_params(params) -> list:
@@ -53,7 +139,7 @@ def normalize_params(params) -> list:
 def resolve(name: str) -> tuple[Callable[..., torch.optim.Optimizer], dict]:
     """The constructor and variant defaults for a registry name."""
     if name in OPTIMIZERS:
-        return OPTIMIZERS[name]
+        return OPTIMIZERS[name].constructor, OPTIMIZERS[name].variant
     if name.startswith("torch:"):
         cls = getattr(torch.optim, name.removeprefix("torch:"), None)
         if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer):

@@ -24,7 +24,6 @@ so the step is the data position.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -40,6 +39,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from danastar.durable import fsync_file, publish_dir, sha256
 from danastar.errors import UserError
 
 CHECKPOINT_NAME = re.compile(r"^(latest|permanent)-(\d{8})$")
@@ -60,8 +60,13 @@ class Found:
 # ----------------------------------------------------------------------------------------------
 # RNG states: saved per rank so that every rank continues its own stream exactly.
 
+
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -85,36 +90,22 @@ def gather_rng_states() -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Files: checksums and durable writes.
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def fsync_tree(directory: Path) -> None:
-    """Flush every file and the directory entries to disk before the rename publishes them."""
-    for path in sorted(directory.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    fsync_dir(directory)
-
-
-def fsync_dir(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+# The checkpoint's manifest: a checksum of every file (writes are durable.publish_dir's).
 
 
 def write_meta(directory: Path, step: int, layout: str) -> None:
-    files = {str(p.relative_to(directory)): sha256(p) for p in sorted(directory.rglob("*")) if p.is_file()}
-    meta = {"step": step, "layout": layout, "files": files, "saved_at": time.time(), "torch": torch.__version__}
+    files = {
+        str(p.relative_to(directory)): sha256(p)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+    meta = {
+        "step": step,
+        "layout": layout,
+        "files": files,
+        "saved_at": time.time(),
+        "torch": torch.__version__,
+    }
     (directory / META_FILE).write_text(json.dumps(meta, indent=1))
 
 
@@ -135,16 +126,8 @@ def verify(directory: Path) -> tuple[Optional[dict[str, Any]], str]:
     return meta, ""
 
 
-def publish(temporary: Path, final: Path) -> None:
-    """fsync then rename a finished temporary directory into place (atomic on one filesystem)."""
-    fsync_tree(temporary)
-    if final.exists():  # only a stale copy of the same step can be here; the new one replaces it
-        shutil.rmtree(final)
-    os.replace(temporary, final)
-    fsync_dir(final.parent)
-
-
 # ----------------------------------------------------------------------------------------------
+
 
 class Checkpointer:
     """Saves and finds the checkpoints of one run directory.
@@ -153,8 +136,15 @@ class Checkpointer:
     otherwise rank 0 writes one file. Every rank must call `save` and `load` (collectives inside).
     """
 
-    def __init__(self, directory: Path, *, sharded: bool, keep_latest: int = 2, log=print,
-                 staging_root: Optional[Path] = None):
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        sharded: bool,
+        keep_latest: int = 2,
+        log=print,
+        staging_root: Optional[Path] = None,
+    ):
         self.directory = Path(directory)
         self.sharded = sharded
         self.keep_latest = keep_latest
@@ -175,9 +165,16 @@ class Checkpointer:
 
     # -- saving --------------------------------------------------------------------------------
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             run_state: dict[str, Any], kind: str = "latest") -> None:
-        """Write checkpoint `<kind>-<step>`; `run_state` must already hold every rank's RNG states."""
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        run_state: dict[str, Any],
+        kind: str = "latest",
+    ) -> None:
+        """Write checkpoint `<kind>-<step>`; `run_state` must already hold every rank's RNG
+        states."""
         name = f"{kind}-{step:08d}"
         if self.sharded:
             self._save_sharded(name, step, model, optimizer, run_state)
@@ -187,13 +184,17 @@ class Checkpointer:
 
     def _save_single(self, name, step, model, optimizer, run_state) -> None:
         self.wait()  # one background copy at a time, in order
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "run_state": run_state}
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "run_state": run_state,
+        }
         root = self._staging_dir() if self.staging_root else self.directory
         temporary = root / f".tmp-{name}"
         self._fresh_dir(temporary)
         torch.save(state, temporary / STATE_FILE)
         write_meta(temporary, step, "single")
-        publish(temporary, root / name)
+        publish_dir(temporary, root / name)
         if self.staging_root is None:
             self._prune()
             return
@@ -214,7 +215,7 @@ class Checkpointer:
             if temporary.exists():
                 shutil.rmtree(temporary)
             shutil.copytree(staged, temporary)
-            publish(temporary, self.directory / staged.name)
+            publish_dir(temporary, self.directory / staged.name)
             shutil.rmtree(staged, ignore_errors=True)
             self._prune()
         except BaseException as error:  # reported by wait() in the training thread
@@ -239,27 +240,36 @@ class Checkpointer:
             self._fresh_dir(temporary)
         # Staged: each rank writes into a folder of its own on its node's disk, so that the files
         # in it are exactly the ones this rank must copy (ranks on one node share the disk).
-        staged = self._staging_dir() / f".tmp-{name}" / f"rank-{self.rank:05d}" if self.staging_root else None
+        staged = (
+            self._staging_dir() / f".tmp-{name}" / f"rank-{self.rank:05d}"
+            if self.staging_root
+            else None
+        )
         if staged is not None:
             self._fresh_dir(staged)
         self._barrier()
         model_state, optimizer_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optimizer": optimizer_state},
-                 storage_writer=dcp.FileSystemWriter(staged if staged is not None else temporary))
+        dcp.save(
+            {"model": model_state, "optimizer": optimizer_state},
+            storage_writer=dcp.FileSystemWriter(staged if staged is not None else temporary),
+        )
         if staged is not None:
             if self.rank == 0:
                 torch.save(run_state, staged / RUN_STATE_FILE)
-            self._start_copy(self._copy_staged_shards, staged, temporary, self.directory / name, step)
+            self._start_copy(
+                self._copy_staged_shards, staged, temporary, self.directory / name, step
+            )
             return
         self._barrier()
         if self.rank == 0:
             torch.save(run_state, temporary / RUN_STATE_FILE)
             write_meta(temporary, step, "dcp")
-            publish(temporary, self.directory / name)
+            publish_dir(temporary, self.directory / name)
             self._prune()
 
     def _copy_staged_shards(self, staged: Path, temporary: Path, final: Path, step: int) -> None:
-        """Background: copy this rank's staged files into `temporary`; rank 0 publishes it once all did."""
+        """Background: copy this rank's staged files into `temporary`; rank 0 publishes it once
+        all did."""
         error: Optional[BaseException] = None
         try:
             for path in sorted(staged.rglob("*")):
@@ -267,12 +277,12 @@ class Checkpointer:
                     target = temporary / path.relative_to(staged)
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(path, target)
-                    with open(target, "rb") as handle:  # durable (and visible to rank 0) before the vote
-                        os.fsync(handle.fileno())
+                    fsync_file(target)  # durable (and visible to rank 0) before the vote
         except BaseException as copy_error:
             error = copy_error
         try:
-            # Every rank reaches this (also after a failed copy), so that all learn whether any failed.
+            # Every rank reaches this (also after a failed copy), so that all learn whether any
+            # failed.
             mine = None if error is None else f"rank {self.rank}: {error!r}"
             failures = [mine]
             if self._copy_group is not None:
@@ -283,11 +293,12 @@ class Checkpointer:
                 raise RuntimeError("; ".join(failed)) from error
             if self.rank == 0:  # every shard is in place: checksum, fsync and rename as unstaged
                 write_meta(temporary, step, "dcp")
-                publish(temporary, final)
+                publish_dir(temporary, final)
                 self._prune()
             shutil.rmtree(staged, ignore_errors=True)
             with contextlib.suppress(OSError):
-                staged.parent.rmdir()  # the last rank of the node to finish removes the step's folder
+                # the last rank of the node to finish removes the step's folder
+                staged.parent.rmdir()
         except BaseException as finish_error:  # reported by wait() in the training thread
             self._copy_error = finish_error
 
@@ -299,7 +310,7 @@ class Checkpointer:
     def _prune(self) -> None:
         """Remove `latest` checkpoints beyond the newest `keep_latest`, and stale temporaries."""
         latest = sorted(p for p in self.checkpoints() if p.name.startswith("latest-"))
-        for old in latest[:-self.keep_latest]:
+        for old in latest[: -self.keep_latest]:
             shutil.rmtree(old, ignore_errors=True)
 
     # -- finding and loading -------------------------------------------------------------------
@@ -308,7 +319,9 @@ class Checkpointer:
         """Checkpoint directories by name, oldest step first (no verification)."""
         if not self.directory.is_dir():
             return []
-        found = [p for p in self.directory.iterdir() if p.is_dir() and CHECKPOINT_NAME.match(p.name)]
+        found = [
+            p for p in self.directory.iterdir() if p.is_dir() and CHECKPOINT_NAME.match(p.name)
+        ]
         return sorted(found, key=lambda p: (int(CHECKPOINT_NAME.match(p.name).group(2)), p.name))
 
     def find_latest(self) -> Optional[Found]:
@@ -323,20 +336,29 @@ class Checkpointer:
                 # Set aside (not deleted) so that pruning never keeps it in place of a good one.
                 aside = path.with_name(f"corrupt-{path.name}")
                 os.replace(path, aside)
-                self.log(f"checkpoint {path} is incomplete or corrupt ({problem}); moved it to {aside.name} "
-                         f"and trying the previous one.")
+                self.log(
+                    f"checkpoint {path} is incomplete or corrupt ({problem}); moved it to "
+                    f"{aside.name} "
+                    f"and trying the previous one."
+                )
         if self.distributed:
             box = [chosen]
             dist.broadcast_object_list(box, src=0)
             chosen = box[0]
         return chosen
 
-    def load(self, found: Found, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Load weights and optimizer state into `model`/`optimizer`; returns the saved run state."""
+    def load(
+        self, found: Found, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any]:
+        """Load weights and optimizer state into `model`/`optimizer`; returns the saved run
+        state."""
         expected = "dcp" if self.sharded else "single"
         if found.layout != expected:
-            raise UserError(f"checkpoint {found.path} was written by a {'sharded (FSDP)' if found.layout == 'dcp' else 'single-file'} "
-                            f"run; resume it with the same --distributed_backend or pass --no_auto_resume.")
+            raise UserError(
+                f"checkpoint {found.path} was written by a "
+                f"{'sharded (FSDP)' if found.layout == 'dcp' else 'single-file'} "
+                f"run; resume it with the same --distributed_backend or pass --no_auto_resume."
+            )
         if found.layout == "single":
             state = torch.load(found.path / STATE_FILE, map_location="cpu", weights_only=False)
             model.load_state_dict(state["model"])
@@ -348,7 +370,9 @@ class Checkpointer:
         model_state, optimizer_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optimizer_state}
         dcp.load(state, checkpoint_id=str(found.path))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
         return torch.load(found.path / RUN_STATE_FILE, map_location="cpu", weights_only=False)
 
     def _barrier(self) -> None:

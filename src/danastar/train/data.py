@@ -24,7 +24,9 @@ SYNTHETIC_TRAIN_TOKENS = 400_000
 
 
 class TrainingData:
-    def __init__(self, tokens: TokenData, loader: TrainLoader, layout: BatchLayout, env: Distributed):
+    def __init__(
+        self, tokens: TokenData, loader: TrainLoader, layout: BatchLayout, env: Distributed
+    ):
         self.tokens = tokens
         self.loader = loader
         self.layout = layout
@@ -40,9 +42,16 @@ class TrainingData:
             tokens = TokenData.synthetic(SYNTHETIC_VOCAB_SIZE, SYNTHETIC_TRAIN_TOKENS, seed=seed)
         else:
             tokens = TokenData.open(ensure_prepared(config.data.dataset))
-        loader = TrainLoader(tokens, seq_len=layout.sequence_length, micro_batch_size=layout.micro_batch_per_rank,
-                             acc_steps=layout.acc_steps, rank=env.data_rank, world_size=env.data_world,
-                             seed=seed, device=env.device)
+        loader = TrainLoader(
+            tokens,
+            seq_len=layout.sequence_length,
+            micro_batch_size=layout.micro_batch_per_rank,
+            acc_steps=layout.acc_steps,
+            rank=env.data_rank,
+            world_size=env.data_world,
+            seed=seed,
+            device=env.device,
+        )
         return cls(tokens, loader, layout, env)
 
     @property
@@ -53,18 +62,31 @@ class TrainingData:
         """(inputs, targets) of this rank for (step, micro-step), on the device."""
         return self.loader.get(step, micro_step)
 
-    def validation_batches(self, count: Optional[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The first `count` fixed validation batches (None: all), this rank's rows of each, moved to
-        the device one at a time. The periodic set is kept in (host) memory; the whole set is not."""
+    def validation_batches(
+        self, count: Optional[int]
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The first `count` fixed validation batches (None: all), this rank's rows of each,
+        moved to the device one at a time. The periodic set is kept in (host) memory; the whole
+        set is not."""
         batches = self._periodic(count) if count is not None else self._load_validation(None)
         for inputs, targets in batches:
-            yield inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+            yield (
+                inputs.to(self.device, non_blocking=True),
+                targets.to(self.device, non_blocking=True),
+            )
 
     def _load_validation(self, count: Optional[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        # The validation batch is the global micro-batch, so its rows do not depend on the world size.
+        # The validation batch is the global micro-batch, so its rows do not depend on the world
+        # size.
         batch_size = self.layout.micro_batch_per_rank * self.env.data_world
-        return validation_batches(self.tokens, seq_len=self.layout.sequence_length, batch_size=batch_size,
-                                  num_batches=count, rank=self.env.data_rank, world_size=self.env.data_world)
+        return validation_batches(
+            self.tokens,
+            seq_len=self.layout.sequence_length,
+            batch_size=batch_size,
+            num_batches=count,
+            rank=self.env.data_rank,
+            world_size=self.env.data_world,
+        )
 
     @property
     def eot_id(self) -> int:

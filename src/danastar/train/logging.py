@@ -4,7 +4,8 @@ Run directory layout (see docs/training.md):
 
     <run_dir>/config.yaml        the resolved config
     <run_dir>/environment.json   git revision and dirty status, versions, host, world size
-    <run_dir>/metrics.jsonl      one JSON object per line: {"step": ..., "train_loss" | "val_loss": ...}
+    <run_dir>/metrics.jsonl      one JSON object per line: {"step": ..., "train_loss" | "val_loss":
+                             ...}
     <run_dir>/logs/rank<r>.log   what each rank said
     <run_dir>/checkpoints/       see train/checkpoint.py
 
@@ -27,18 +28,31 @@ from typing import Any, Optional
 
 import torch
 
+from danastar.durable import write_atomic
 from danastar.errors import UserError
 
 # Dense bf16 peak FLOP/s of common accelerators, matched against the device name (first match wins).
 PEAK_FLOPS = {
-    "H200": 989e12, "H100": 989e12, "H800": 989e12, "GH200": 989e12, "B200": 2250e12,
-    "A100": 312e12, "A800": 312e12, "A10G": 125e12, "A6000": 155e12, "L40S": 362e12, "L4": 121e12,
-    "V100": 125e12, "MI300X": 1307e12, "MI250X": 383e12,
+    "H200": 989e12,
+    "H100": 989e12,
+    "H800": 989e12,
+    "GH200": 989e12,
+    "B200": 2250e12,
+    "A100": 312e12,
+    "A800": 312e12,
+    "A10G": 125e12,
+    "A6000": 155e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "V100": 125e12,
+    "MI300X": 1307e12,
+    "MI250X": 383e12,
 }
 
 
 def peak_flops(device: torch.device, given: Optional[float] = None) -> Optional[float]:
-    """The device's peak FLOP/s for MFU: the flag if given, else the table; None when unknown (CPU)."""
+    """The device's peak FLOP/s for MFU: the flag if given, else the table; None when unknown
+    (CPU)."""
     if given:
         return given
     if device.type != "cuda":
@@ -62,7 +76,9 @@ def environment(world_size: int) -> dict[str, Any]:
         "numpy": numpy.__version__,
         "python": sys.version.split()[0],
         "cuda": torch.version.cuda,
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else platform.processor() or "cpu",
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "world_size": world_size,
@@ -98,10 +114,12 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     """Drop lines logged after `last_step` (a resumed run logs those steps again)."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text("".join(line + "\n" for line in kept))
-    os.replace(temporary, path)
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line)["step"] <= last_step
+    ]
+    write_atomic(path, "".join(line + "\n" for line in kept))
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -112,16 +130,37 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 class RunLogger:
     """metrics.jsonl + progress bar + console + trackers for rank 0; a file log for every rank."""
 
-    def __init__(self, run_dir: Path, config, *, rank: int, total_steps: int, start_step: int, resumed: bool):
+    def __init__(
+        self,
+        run_dir: Path,
+        config,
+        *,
+        rank: int,
+        total_steps: int,
+        start_step: Optional[int] = None,
+        resumed: bool = False,
+    ):
+        """Messages (`info`) work at once; metrics, the progress bar and the trackers once
+        `start` knows where the run starts (given `start_step`, it is called here)."""
         self.run_dir = Path(run_dir)
+        self.config = config
+        self.total_steps = total_steps
         self.is_main = rank == 0
         self.file_log = rank_logger(self.run_dir, rank)
         self.bar = None
         self.wandb_run = None
         self.tensorboard = None
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_file = None
+        if start_step is not None:
+            self.start(start_step, resumed)
+
+    def start(self, start_step: int, resumed: bool) -> None:
+        """Open metrics.jsonl (dropping lines after `start_step` of a resumed run), the progress
+        bar and the trackers (rank 0)."""
         if not self.is_main:
             return
+        config = self.config
         if resumed:
             truncate_metrics(self.metrics_path, start_step)
         elif self.metrics_path.exists():
@@ -130,16 +169,24 @@ class RunLogger:
         if config.logging.progress:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
-                            dynamic_ncols=True, file=sys.stdout)
+            self.bar = tqdm(
+                total=self.total_steps,
+                initial=start_step,
+                desc="train",
+                unit="step",
+                dynamic_ncols=True,
+                file=sys.stdout,
+            )
         if config.logging.wandb:
             self.wandb_run = start_wandb(config, self.run_dir, resumed)
         if config.logging.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise UserError("TensorBoard is not installed; pip install 'danastar[tensorboard]' "
-                                "or drop logging.tensorboard.") from None
+                raise UserError(
+                    "TensorBoard is not installed; pip install 'danastar[tensorboard]' "
+                    "or drop logging.tensorboard."
+                ) from None
             self.tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
     def info(self, message: str) -> None:
@@ -171,8 +218,13 @@ class RunLogger:
             return
         self.bar.n = step
         shown = {key: metrics[key] for key in ("train_loss", "lr", "grad_norm") if key in metrics}
-        self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else v)
-                              for k, v in shown.items()}, refresh=False)
+        self.bar.set_postfix(
+            {
+                k: (f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else v)
+                for k, v in shown.items()
+            },
+            refresh=False,
+        )
         self.bar.refresh()
 
     def end_progress(self) -> None:
@@ -185,7 +237,8 @@ class RunLogger:
         if not self.is_main:
             return
         self.end_progress()
-        self.metrics_file.close()
+        if self.metrics_file is not None:
+            self.metrics_file.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
         if self.tensorboard is not None:
@@ -196,7 +249,20 @@ def start_wandb(config, run_dir: Path, resumed: bool):
     try:
         import wandb
     except ImportError:
-        raise UserError("wandb is not installed; pip install 'danastar[wandb]' or pass --no_wandb.") from None
-    mode = "offline" if config.logging.wandb_offline or os.environ.get("WANDB_MODE") == "offline" else None
-    return wandb.init(project=config.logging.wandb_project, name=run_dir.name, id=run_dir.name,
-                      dir=str(run_dir), config=config.to_dict(), mode=mode, resume="allow" if resumed else None)
+        raise UserError(
+            "wandb is not installed; pip install 'danastar[wandb]' or pass --no_wandb."
+        ) from None
+    mode = (
+        "offline"
+        if config.logging.wandb_offline or os.environ.get("WANDB_MODE") == "offline"
+        else None
+    )
+    return wandb.init(
+        project=config.logging.wandb_project,
+        name=run_dir.name,
+        id=run_dir.name,
+        dir=str(run_dir),
+        config=config.to_dict(),
+        mode=mode,
+        resume="allow" if resumed else None,
+    )

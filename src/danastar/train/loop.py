@@ -2,10 +2,11 @@
 
 `train(config)` is what `danastar train` runs in every process. It reads like nanoGPT's
 train.py: set up the processes and the data, build the model, wrap it for distribution, build
-the optimizer from the scaling plan, resume if a checkpoint exists, then loop over optimizer
-steps. Each step accumulates gradients over `acc_steps` micro-batches (syncing gradients only on
-the last), clips the global gradient norm, applies the LR schedule, and steps. Batches are a pure
-function of the step, so resuming from a checkpoint reproduces the uninterrupted run exactly.
+the optimizer from the scaling plan, resume if a checkpoint exists (`resume`), then loop over
+optimizer steps: apply the LR schedule, `train_step` (accumulate gradients over `acc_steps`
+micro-batches, syncing only on the last; clip the global gradient norm; step), log, evaluate,
+and checkpoint when `checkpoint_kind` says so. Batches are a pure function of the step, so
+resuming from a checkpoint reproduces the uninterrupted run exactly.
 
 Exit codes: 0 done (or `--iterations_to_run` reached, checkpoint saved), 2 a user error (such
 as a diverged run), `PREEMPTED_EXIT_CODE` (75) after SIGTERM/SIGUSR1 and a saved checkpoint.
@@ -16,11 +17,20 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from danastar.config import TrainConfig, batch_layout, default_run_dir, make_run_plan, save_yaml
+from danastar.config import (
+    CheckpointSection,
+    TrainConfig,
+    batch_layout,
+    default_run_dir,
+    make_run_plan,
+    model_config,
+    save_yaml,
+)
 from danastar.errors import UserError
 from danastar.models import build_model
 from danastar.optim import apply_schedule, build_optimizer, get_schedule
@@ -45,7 +55,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     data = TrainingData.open(config, env, layout)
     cleanup.callback(data.close)
     plan = make_run_plan(config, data.vocab_size, layout.data_parallel_size)
-    iterations, seq_len, acc_steps = plan.iterations, layout.sequence_length, layout.acc_steps
+    iterations = plan.iterations
     run_dir = Path(config.logging.run_dir) if config.logging.run_dir else default_run_dir(config)
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -54,41 +64,32 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     # -- model, distribution, optimizer --------------------------------------------------------
     torch.manual_seed(config.train.seed)  # the same initial weights on every rank
     with torch.device(env.device):
-        model = build_model(plan.model_config(z_loss=config.model.z_loss, init=config.model.init,
-                                              tie_embeddings=config.model.tie_embeddings,
-                                              residual_scale=config.model.residual_scale))
-    flops_per_token = model.flops_per_token(seq_len)
+        model = build_model(model_config(config, plan))
+    flops_per_token = model.flops_per_token(layout.sequence_length)
     model = parallel.parallelize(model, config, env)
-    core = parallel.unwrap(model)  # the model itself, for parameter groups, sampling and checkpoints
+    core = parallel.unwrap(model)  # the model itself: parameter groups, sampling, checkpoints
     optimizer, schedule = make_optimizer(plan, config, core.param_groups(plan.weight_decay))
 
-    # -- resume --------------------------------------------------------------------------------
-    checkpointer = Checkpointer(run_dir / "checkpoints", sharded=env.sharded,
-                                keep_latest=config.checkpoint.keep_latest)
-    step, skipped_total = 0, 0
-    found = checkpointer.find_latest() if config.checkpoint.auto_resume else None
-    if found is not None:
-        run_state = checkpointer.load(found, core, optimizer)
-        step, skipped_total = run_state["step"], run_state["skipped_steps"]
-        data.loader.load_state_dict(run_state["data_position"])  # batches are a function of the step
-        same_topology = len(run_state["rng"]) == env.world_size  # else the RNG streams cannot be matched
-        if same_topology:
-            set_rng_state(run_state["rng"][env.rank])
-    log = RunLogger(run_dir, config, rank=env.rank, total_steps=iterations, start_step=step,
-                    resumed=found is not None)
+    # -- logging and resume --------------------------------------------------------------------
+    log = RunLogger(run_dir, config, rank=env.rank, total_steps=iterations)
     cleanup.callback(log.close)
+    checkpointer = Checkpointer(run_dir / "checkpoints", sharded=env.sharded,
+                                keep_latest=config.checkpoint.keep_latest, log=log.info)
+    resumed = resume(config, env, checkpointer, core, optimizer, data)
+    step = resumed.step if resumed else 0
+    skipped_total = resumed.skipped_steps if resumed else 0
+    log.start(step, resumed=resumed is not None)
     if env.is_main:
-        save_yaml(config, run_dir / "config.yaml")
-        (run_dir / "environment.json").write_text(json_text(environment(env.world_size)))
-        (run_dir / "plan.json").write_text(json_text({"plan": plan.to_dict(), "batch_layout": layout.to_dict()}))
-    log.info(f"run directory {run_dir}; {plan.arch} with {plan.exact_total_params / 1e6:.2f}M parameters, "
-             f"{plan.opt} at peak LR {plan.lr:.3g}, {iterations} steps of {layout.tokens_per_step} tokens, "
-             f"{env.world_size} process(es), backend {env.backend}, device {env.device}")
-    if found is not None:
-        log.info(f"resumed from {found.path} at step {step}" + ("" if same_topology else
-                 f" (saved by {len(run_state['rng'])} processes: RNG states not restored, losses will differ slightly)"))
+        write_run_files(run_dir, config, plan, layout, env)
+    log.info(f"run directory {run_dir}; {plan.arch} with {plan.exact_total_params / 1e6:.2f}M "
+             f"parameters, {plan.opt} at peak LR {plan.lr:.3g}, {iterations} steps of "
+             f"{layout.tokens_per_step} tokens, {env.world_size} process(es), backend "
+             f"{env.backend}, device {env.device}")
+    if resumed:
+        log.info(resumed.describe())
     if step >= iterations:
-        log.info(f"this run already finished at step {step}; pass --no_auto_resume or another --run_dir to train again.")
+        log.info(f"this run already finished at step {step}; pass --no_auto_resume or another "
+                 f"--run_dir to train again.")
         return 0
 
     autocast = autocast_context(config, env.device)
@@ -97,15 +98,17 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     cleanup.callback(preemption.uninstall)
     cleanup.callback(checkpointer.wait)  # a checkpoint still being copied from $SLURM_TMPDIR
 
-    def save(kind: str = "latest") -> None:
-        checkpointer.save(step, core, optimizer, {"step": step, "skipped_steps": skipped_total,
-                                                  "data_position": data.loader.state_dict(), "rng": gather_rng_states(),
-                                                  "plan": plan.to_dict()}, kind)
+    def save(kind: str) -> None:
+        checkpointer.save(step, core, optimizer, {
+            "step": step, "skipped_steps": skipped_total,
+            "data_position": data.loader.state_dict(), "rng": gather_rng_states(),
+            "plan": plan.to_dict()}, kind)
 
     def evaluate_and_log(final: bool = False) -> float:
         batches = config.train.final_eval_batches if final else config.train.eval_batches
         val_loss = evaluate(model, data.validation_batches(batches), autocast)
-        metrics = {"step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0)),
+        metrics = {"step": step, "val_loss": val_loss,
+                   "val_perplexity": math.exp(min(val_loss, 50.0)),
                    "tokens": step * layout.tokens_per_step}
         if step == 0:
             metrics["loss/init"] = val_loss
@@ -124,49 +127,30 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
         started = time.perf_counter()
         lr_factor = schedule(step)
         apply_schedule(optimizer, lr_factor)
-
-        loss_sum = torch.zeros((), device=env.device)
-        ce_sum = torch.zeros((), device=env.device)
-        for micro_step in range(acc_steps):
-            inputs, targets = data.train_batch(step, micro_step)
-            with parallel.gradient_sync(model, sync=micro_step == acc_steps - 1):
-                with autocast:
-                    loss, cross_entropy, _ = model(inputs, targets)
-                (loss / acc_steps).backward()
-            loss_sum += loss.detach()
-            ce_sum += cross_entropy.detach()
-
-        grad_norm = clip_grad_norm(model, config.optim.grad_clip)
-        # One all-reduce carries the losses and whether any rank was asked to stop, and one copy
-        # to the host (the step's only wait for the device) brings them with the gradient norm.
-        stats = torch.stack([loss_sum / acc_steps, ce_sum / acc_steps,
-                             torch.full((), float(preemption.is_set), device=env.device)]).float()
-        parallel.all_reduce_sum(stats)
-        train_loss, train_ce, stop_flag, grad_norm = torch.cat(
-            [stats[:2] / env.world_size, stats[2:],
-             torch.as_tensor(grad_norm, dtype=torch.float32, device=env.device).reshape(1)]).tolist()
-        stop_requested = stop_flag > 0
-        if math.isfinite(train_loss) and math.isfinite(grad_norm):
-            optimizer.step()
+        result = train_step(model, optimizer, data, step, acc_steps=layout.acc_steps,
+                            grad_clip=config.optim.grad_clip, autocast=autocast, env=env,
+                            stop_requested_here=preemption.is_set)
+        if result.finite:
             consecutive_skips = 0
         else:
             skipped_total += 1
             consecutive_skips += 1
-            log.info(f"step {step}: non-finite loss {train_loss} or gradient norm {grad_norm}; step skipped "
-                     f"({consecutive_skips} in a row)")
+            log.info(f"step {step}: non-finite loss {result.objective} or gradient norm "
+                     f"{result.grad_norm}; step skipped ({consecutive_skips} in a row)")
             if consecutive_skips >= config.train.max_nonfinite_steps:
-                raise UserError(f"training diverged: {consecutive_skips} non-finite steps in a row at step "
-                                f"{step + 1}; lower the learning rate (--lr) or clip harder (a smaller --grad_clip).")
-        optimizer.zero_grad(set_to_none=True)
+                raise UserError(f"training diverged: {consecutive_skips} non-finite steps in a "
+                                f"row at step {step + 1}; lower the learning rate (--lr) or clip "
+                                f"harder (a smaller --grad_clip).")
         step += 1
         step_time = time.perf_counter() - started
 
         if step % config.train.log_interval == 0 or step == iterations:
             tokens_per_s = layout.tokens_per_step / step_time
-            metrics = {"step": step, "train_loss": train_ce, "loss": train_loss, "lr": optimizer.param_groups[0]["lr"],
-                       "lr_factor": lr_factor, "grad_norm": grad_norm, "tokens": step * layout.tokens_per_step,
-                       "tokens_per_s": tokens_per_s, "step_time": step_time,
-                       "mfu": flops_per_token * tokens_per_s / (peak * env.world_size) if peak else None,
+            mfu = flops_per_token * tokens_per_s / (peak * env.world_size) if peak else None
+            metrics = {"step": step, "train_loss": result.cross_entropy, "loss": result.objective,
+                       "lr": optimizer.param_groups[0]["lr"], "lr_factor": lr_factor,
+                       "grad_norm": result.grad_norm, "tokens": step * layout.tokens_per_step,
+                       "tokens_per_s": tokens_per_s, "step_time": step_time, "mfu": mfu,
                        "skipped_steps": skipped_total}
             if hasattr(optimizer, "diagnostics"):
                 metrics.update({f"optim/{k}": v for k, v in optimizer.diagnostics().items()})
@@ -179,19 +163,20 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
 
         to_run = config.train.iterations_to_run
         stop_for_chain = bool(to_run) and step - start_step >= to_run and step < iterations
-        every, permanent = config.checkpoint.latest_every, config.checkpoint.permanent_every
-        if permanent > 0 and step % permanent == 0:
-            save("permanent")
-        elif step == iterations or (every > 0 and step % every == 0) or stop_requested or stop_for_chain:
-            save()
-        if stop_requested:
-            signal_name = preemption.received.name if preemption.received else "a stop signal on another rank"
-            log.info(f"{signal_name}: checkpoint saved at step {step}; exiting with code {PREEMPTED_EXIT_CODE} "
-                     f"so that the job can be requeued and resumed.")
+        kind = checkpoint_kind(step, iterations, config.checkpoint,
+                               stopping=result.stop_requested or stop_for_chain)
+        if kind is not None:
+            save(kind)
+        if result.stop_requested:
+            signal_name = (preemption.received.name if preemption.received
+                           else "a stop signal on another rank")
+            log.info(f"{signal_name}: checkpoint saved at step {step}; exiting with code "
+                     f"{PREEMPTED_EXIT_CODE} so that the job can be requeued and resumed.")
             exit_code = PREEMPTED_EXIT_CODE
             break
         if stop_for_chain:
-            log.info(f"stopping after {to_run} steps (--iterations_to_run); the next run resumes at step {step}.")
+            log.info(f"stopping after {to_run} steps (--iterations_to_run); the next run resumes "
+                     f"at step {step}.")
             break
 
     if step == iterations and config.train.sample_tokens > 0:
@@ -201,6 +186,114 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
 
 
 # ----------------------------------------------------------------------------------------------
+# One optimizer step
+
+@dataclass(frozen=True)
+class StepResult:
+    """One optimizer step, averaged over its micro-batches and over the ranks."""
+
+    objective: float  # cross-entropy + z-loss: what the gradient descends (logged as `loss`)
+    cross_entropy: float  # the cross-entropy alone (logged as `train_loss`, like `val_loss`)
+    grad_norm: float  # the global gradient norm before clipping
+    stop_requested: bool  # some rank received SIGTERM/SIGUSR1
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.objective) and math.isfinite(self.grad_norm)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: TrainingData,
+               step: int, *, acc_steps: int, grad_clip: float, autocast,
+               env: parallel.Distributed, stop_requested_here: bool = False) -> StepResult:
+    """Accumulate gradients over `acc_steps` micro-batches (syncing them only on the last), clip
+    the global norm, and step the optimizer unless the loss or the norm is not finite."""
+    objective_sum = torch.zeros((), device=env.device)
+    cross_entropy_sum = torch.zeros((), device=env.device)
+    for micro_step in range(acc_steps):
+        inputs, targets = data.train_batch(step, micro_step)
+        with parallel.gradient_sync(model, sync=micro_step == acc_steps - 1):
+            with autocast:
+                objective, cross_entropy, _ = model(inputs, targets)
+            (objective / acc_steps).backward()
+        objective_sum += objective.detach()
+        cross_entropy_sum += cross_entropy.detach()
+
+    grad_norm = clip_grad_norm(model, grad_clip)
+    # One all-reduce carries the losses and whether any rank was asked to stop, and one copy to
+    # the host (the step's only wait for the device) brings them with the gradient norm.
+    stats = torch.stack([objective_sum / acc_steps, cross_entropy_sum / acc_steps,
+                         torch.full((), float(stop_requested_here), device=env.device)]).float()
+    parallel.all_reduce_sum(stats)
+    norm = torch.as_tensor(grad_norm, dtype=torch.float32, device=env.device).reshape(1)
+    objective_mean, cross_entropy_mean, stop_flag, grad_norm = torch.cat(
+        [stats[:2] / env.world_size, stats[2:], norm]).tolist()
+    result = StepResult(objective_mean, cross_entropy_mean, grad_norm, stop_flag > 0)
+    if result.finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return result
+
+
+def checkpoint_kind(step: int, iterations: int, settings: CheckpointSection,
+                    stopping: bool) -> str | None:
+    """Which checkpoint to write after `step`: "permanent" every `permanent_every` steps, else
+    "latest" every `latest_every` steps, at the end, and before stopping early; None otherwise."""
+    every, permanent = settings.latest_every, settings.permanent_every
+    if permanent > 0 and step % permanent == 0:
+        return "permanent"
+    if step == iterations or (every > 0 and step % every == 0) or stopping:
+        return "latest"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Resume and the run directory
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a run resumed from a checkpoint."""
+
+    path: Path
+    step: int
+    skipped_steps: int
+    saved_world_size: int
+    same_topology: bool
+
+    def describe(self) -> str:
+        if self.same_topology:
+            return f"resumed from {self.path} at step {self.step}"
+        return (f"resumed from {self.path} at step {self.step} (saved by {self.saved_world_size} "
+                f"processes: RNG states not restored, losses will differ slightly)")
+
+
+def resume(config: TrainConfig, env: parallel.Distributed, checkpointer: Checkpointer,
+           core: torch.nn.Module, optimizer: torch.optim.Optimizer,
+           data: TrainingData) -> Resumed | None:
+    """Load the latest good checkpoint (with `--auto_resume`) into the model, the optimizer, the
+    data position and this rank's RNG; None when the run starts afresh."""
+    found = checkpointer.find_latest() if config.checkpoint.auto_resume else None
+    if found is None:
+        return None
+    run_state = checkpointer.load(found, core, optimizer)
+    data.loader.load_state_dict(run_state["data_position"])  # batches are a function of the step
+    saved_world = len(run_state["rng"])
+    same_topology = saved_world == env.world_size  # else the RNG streams cannot be matched
+    if same_topology:
+        set_rng_state(run_state["rng"][env.rank])
+    return Resumed(found.path, run_state["step"], run_state["skipped_steps"], saved_world,
+                   same_topology)
+
+
+def write_run_files(run_dir: Path, config: TrainConfig, plan, layout, env) -> None:
+    """The resolved config, the environment and the plan, beside the metrics."""
+    save_yaml(config, run_dir / "config.yaml")
+    (run_dir / "environment.json").write_text(json_text(environment(env.world_size)))
+    (run_dir / "plan.json").write_text(
+        json_text({"plan": plan.to_dict(), "batch_layout": layout.to_dict()}))
+
+
+# ----------------------------------------------------------------------------------------------
+# Pieces
 
 def make_optimizer(plan, config: TrainConfig, param_groups: list[dict]):
     """The planned optimizer over `param_groups` and its LR schedule.
@@ -211,8 +304,9 @@ def make_optimizer(plan, config: TrainConfig, param_groups: list[dict]):
         optimizer = build_optimizer(plan.opt, param_groups, lr=plan.lr, **plan.optimizer_hparams)
         schedule = get_schedule(config.optim.scheduler, plan.warmup_steps, plan.iterations)
     except ValueError as error:
-        raise UserError(f"{plan.opt} with schedule {config.optim.scheduler} cannot run this plan "
-                        f"({str(error).rstrip('.')}); change the optimizer settings or --iterations.") from None
+        raise UserError(f"{plan.opt} with schedule {config.optim.scheduler} cannot run this "
+                        f"plan ({str(error).rstrip('.')}); change the optimizer settings or "
+                        f"--iterations.") from None
     return optimizer, schedule
 
 

@@ -50,7 +50,9 @@ class Distributed:
 
 def choose_device(requested: str) -> torch.device:
     if requested == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but no CUDA device is visible; use train.device=cpu.")
+        raise UserError(
+            "--device cuda was asked for but no CUDA device is visible; use train.device=cpu."
+        )
     if requested == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -63,12 +65,15 @@ def resolve_backend(requested: str, world_size: int) -> str:
     if requested == "auto":
         return "ddp"
     if requested == "single" and world_size > 1:
-        raise UserError(f"--distributed_backend single cannot run {world_size} processes; use ddp or fsdp.")
+        raise UserError(
+            f"--distributed_backend single cannot run {world_size} processes; use ddp or fsdp."
+        )
     return requested
 
 
 def setup_distributed(config) -> Distributed:
-    """Initialise torch.distributed when launched by torchrun (WORLD_SIZE > 1) and build the mesh."""
+    """Initialise torch.distributed when launched by torchrun (WORLD_SIZE > 1) and build the
+    mesh."""
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -82,9 +87,11 @@ def setup_distributed(config) -> Distributed:
             raise UserError("tensor parallelism and HSDP need several processes; add --nproc.")
         return Distributed(backend, 0, 0, 1, device, 0, 1)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=datetime.timedelta(minutes=30),
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            timeout=datetime.timedelta(minutes=30),
+            device_id=device if device.type == "cuda" else None,
+        )
     from torch.distributed.device_mesh import init_device_mesh
 
     data_world = world_size // tp
@@ -134,19 +141,31 @@ def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
 
 def apply_fsdp(model: nn.Module, config, env: Distributed) -> nn.Module:
     """fully_shard each block, then the root; fp32 parameters, bf16 gradient reduction on GPU."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import (
+        MixedPrecisionPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
 
     reduce = config.parallel.reduce_dtype
     if reduce == "auto":
         reduce = "bf16" if env.device.type == "cuda" else "fp32"
-    policy = MixedPrecisionPolicy(param_dtype=torch.float32,
-                                  reduce_dtype=torch.bfloat16 if reduce == "bf16" else torch.float32)
-    reshard = env.backend != "zero2"  # ZeRO-2-like: keep gathered parameters from forward to backward
+    policy = MixedPrecisionPolicy(
+        param_dtype=torch.float32,
+        reduce_dtype=torch.bfloat16 if reduce == "bf16" else torch.float32,
+    )
+    reshard = (
+        env.backend != "zero2"
+    )  # ZeRO-2-like: keep gathered parameters from forward to backward
     mesh = data_parallel_mesh(env)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)  # backward needs it next
-    register_fsdp_forward_method(model, "generate")  # gathers the root's parameters for sampling too
+    fully_shard(
+        model, mesh=mesh, mp_policy=policy, reshard_after_forward=False
+    )  # backward needs it next
+    register_fsdp_forward_method(
+        model, "generate"
+    )  # gathers the root's parameters for sampling too
     return model
 
 
@@ -174,12 +193,6 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum over every rank (a no-op in a single process); returns the tensor for chaining."""
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
-
-
-def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor
 
 

@@ -1,4 +1,5 @@
-"""`danastar train`: parse the configuration, then plan (`--dry_run`), launch (`--nproc N`) or train.
+"""`danastar train`: parse the configuration, then plan (`--dry_run`), launch (`--nproc N`) or
+train.
 
     danastar train                                   # the CPU preset on Shakespeare
     danastar train --arch enoki --opt adana --heads 3 --dataset fineweb --dry_run
@@ -14,7 +15,8 @@ import json
 import os
 from pathlib import Path
 
-from danastar.config import TrainConfig, batch_layout, load_config, make_run_plan
+from danastar.config import TrainConfig, batch_layout, load_config, make_run_plan, model_config
+from danastar.data.prepared import META_FILE, RAW_META, prepared_format
 
 
 def main(argv: list[str]) -> int:
@@ -38,38 +40,41 @@ def dry_run(config: TrainConfig) -> dict:
     vocab_size, vocab_from = planned_vocab_size(config.data.dataset)
     plan = make_run_plan(config, vocab_size, layout.data_parallel_size)
     check_optimizer_settings(plan, config)
-    return {"plan": plan.to_dict(), "batch_layout": layout.to_dict(), "dataset": config.data.dataset,
-            "vocab_size_from": vocab_from, "config": config.to_dict()}
+    return {
+        "plan": plan.to_dict(),
+        "batch_layout": layout.to_dict(),
+        "dataset": config.data.dataset,
+        "vocab_size_from": vocab_from,
+        "config": config.to_dict(),
+    }
 
 
 def check_optimizer_settings(plan, config: TrainConfig) -> None:
-    """Build the planned optimizer and schedule over stand-in parameters (a hidden matrix, an
-    embedding, a norm weight), so that a dry run rejects the settings training would reject."""
+    """Build the planned optimizer and schedule over the real model's parameter groups, with the
+    model built on the meta device (no memory, no initialisation), so that a dry run rejects the
+    settings training would reject."""
     import torch
 
+    from danastar.models import build_model
     from danastar.train.loop import make_optimizer
 
-    stand_ins = {"blocks.0.mlp.up_proj.weight": (4, 4), "embed.weight": (8, 4), "norm.weight": (4,)}
-    params = {name: torch.nn.Parameter(torch.zeros(shape)) for name, shape in stand_ins.items()}
-    decayed = ["blocks.0.mlp.up_proj.weight"]
-    groups = [{"params": [params[n] for n in decayed], "names": decayed, "weight_decay": plan.weight_decay},
-              {"params": [p for n, p in params.items() if n not in decayed],
-               "names": [n for n in params if n not in decayed], "weight_decay": 0.0}]
-    make_optimizer(plan, config, groups)
+    with torch.device("meta"):
+        model = build_model(model_config(config, plan))
+    make_optimizer(plan, config, model.param_groups(plan.weight_decay))
 
 
 def planned_vocab_size(dataset: str) -> tuple[int, str]:
     """(vocabulary size, where it comes from) of a dataset, prepared or not."""
     from danastar.data import prepare, sources
-    from danastar.data.loader import RAW_META  # what GPT-2 token files hold (FineWeb's tokenizer too)
 
-    gpt2_vocab_size = RAW_META["vocab_size"]
+    gpt2_vocab_size = RAW_META["vocab_size"]  # what raw token files hold (FineWeb's tokenizer too)
     path = Path(dataset).expanduser()
     for directory in (path, prepare.default_data_dir(dataset)):
-        if directory.is_dir() and (directory / prepare.META_FILE).is_file():
-            meta = json.loads((directory / prepare.META_FILE).read_text())
-            return int(meta["vocab_size"]), f"{directory / prepare.META_FILE}"
-        if directory.is_dir() and (directory / "train.bin").is_file():
+        layout = prepared_format(directory) if directory.is_dir() else None
+        if layout == "meta":
+            meta = json.loads((directory / META_FILE).read_text())
+            return int(meta["vocab_size"]), f"{directory / META_FILE}"
+        if layout == "raw":
             return gpt2_vocab_size, "raw GPT-2 train.bin/val.bin"
     if dataset == "synthetic":
         from danastar.train.data import SYNTHETIC_VOCAB_SIZE

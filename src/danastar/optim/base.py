@@ -126,6 +126,48 @@ def check(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def check_non_negative(**values: float) -> None:
+    for name, value in values.items():
+        check(value >= 0, f"{name} must be >= 0, got {value}")
+
+
+def check_positive_or_none(**values: float | None) -> None:
+    for name, value in values.items():
+        check(value is None or value > 0, f"{name} must be None or > 0, got {value}")
+
+
+def check_betas(betas) -> None:
+    check(all(0 <= beta < 1 for beta in betas), f"betas must each be in [0, 1), got {betas}")
+
+
+# -- copy-in / copy-out: the update runs in the state's dtype (float32 for bf16 parameters) -----
+
+def working_copy(param: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+    """The parameter itself when it has the state's dtype, else a copy in that dtype."""
+    return param if param.dtype == buffer.dtype else param.to(buffer.dtype)
+
+
+def write_back(param: torch.Tensor, work: torch.Tensor) -> None:
+    """Store an updated working copy into a low-precision parameter (nothing to do otherwise)."""
+    if work is not param:
+        param.copy_(work)
+
+
+def working_copies(params, grads, buffers):
+    """`working_copy` over lists, with the gradients in the state's dtype too."""
+    work = [working_copy(p, b) for p, b in zip(params, buffers)]
+    grads = [g.to(b.dtype) for g, b in zip(grads, buffers)]
+    return work, grads
+
+
+def finish_foreach(params, work, decay):
+    """Apply the weight-decay multiplier, then `write_back` every working copy."""
+    if decay != 1:
+        torch._foreach_mul_(work, decay)
+    for param, updated in zip(params, work):
+        write_back(param, updated)
+
+
 class PerTensorOptimizer(torch.optim.Optimizer):
     """A torch optimizer whose update is one elementwise function per tensor.
 
@@ -147,7 +189,7 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     float32_scalars: bool = False
 
     def __init__(self, params, defaults: dict, impl: str | None = None):
-        check(defaults["lr"] >= 0, f"lr must be >= 0, got {defaults['lr']}")
+        check_non_negative(lr=defaults["lr"])
         check_impl(impl, self.supported_impls())
         self.impl = impl
         super().__init__(params, defaults)

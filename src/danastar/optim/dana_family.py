@@ -1,0 +1,79 @@
+"""What the DANA family (ADana, Dana-MK4, Dana-Star, Dana-Star-MK4) shares: the defaults of its
+hyperparameters and their checks, the log-time moment update, and the diagnostics."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from .base import PerTensorOptimizer, check, check_non_negative, check_positive_or_none
+
+DEFAULT_DELTA = 8.0  # damping δ of the EMA coefficient a_k = δ / (δ + k)
+DEFAULT_KAPPA = 0.85  # log-time exponent κ of the Nesterov factor (1 + k)^(1 - κ)
+DEFAULT_CLIPSNR = 2.0  # the SNR clip of the *-mk4 variants
+
+
+def foreach_log_time_moments(ms, vs, grads, a, eps):
+    """The DANA family's moment update over lists: m <- lerp(m, g, a), v <- (1 - a) v + a g^2;
+    returns the denominators D = sqrt(v) + eps."""
+    torch._foreach_lerp_(ms, grads, a)
+    torch._foreach_mul_(vs, 1 - a)
+    torch._foreach_addcmul_(vs, grads, grads, value=a)
+    denom = torch._foreach_sqrt(vs)
+    torch._foreach_add_(denom, eps)
+    return denom
+
+
+def check_dana_hyperparameters(lr, delta, kappa, clipsnr, weight_decay, wd_ts, eps):
+    check_non_negative(lr=lr)
+    check(delta > 0, f"delta must be > 0 (default {DEFAULT_DELTA:g}), got {delta}")
+    check(0 < kappa <= 1, f"kappa must be in (0, 1] (default {DEFAULT_KAPPA}), got {kappa}")
+    check_positive_or_none(clipsnr=clipsnr)
+    check_non_negative(weight_decay=weight_decay)
+    check_positive_or_none(wd_ts=wd_ts)
+    check_non_negative(eps=eps)
+
+
+def _total(tensor: torch.Tensor) -> float:
+    """Sum of all elements as a float; for a DTensor, over every rank's shard."""
+    total = tensor.sum(dtype=torch.float64)
+    return float(total.full_tensor() if isinstance(total, DTensor) else total)
+
+
+class DanaBase(PerTensorOptimizer):
+    """What ADana and DanaStar share: hyperparameters, validation and diagnostics."""
+
+    update_constants = ("clipsnr", "eps")
+    float32_scalars = True  # the kernel's 1 - a_k is at least 1 / (1 + delta), 1/9 by default
+
+    def __init__(self, params, lr, *, delta=DEFAULT_DELTA, kappa=DEFAULT_KAPPA, clipsnr=None,
+                 weight_decay=0.0, wd_ts=None, eps=1e-8, impl=None):
+        check_dana_hyperparameters(lr, delta, kappa, clipsnr, weight_decay, wd_ts, eps)
+        defaults = dict(lr=lr, delta=delta, kappa=kappa, clipsnr=clipsnr,
+                        weight_decay=weight_decay, wd_ts=wd_ts, eps=eps)
+        super().__init__(params, defaults, impl)
+
+    def diagnostic_terms(self, state: dict, k: float, group: dict) -> dict:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def diagnostics(self) -> dict[str, float]:
+        """Means of the damping factor A and SNR r (and tau for Dana-Star) over all
+        coordinates, and the global norm of m, computed now from the state (DTensor-safe)."""
+        sums: dict[str, float] = {}
+        count, momentum_square = 0, 0.0
+        for group in self.param_groups:
+            for param in group["params"]:
+                state = self.state.get(param)
+                if not state:
+                    continue
+                terms = self.diagnostic_terms(state, state["step"].item(), group)
+                for name, values in terms.items():
+                    sums[name] = sums.get(name, 0.0) + _total(values)
+                momentum_square += _total(state["exp_avg"].square())
+                count += param.numel()
+        if count == 0:
+            return {}
+        result = {f"{name}_mean": total / count for name, total in sums.items()}
+        result["momentum_norm"] = momentum_square ** 0.5
+        return result
