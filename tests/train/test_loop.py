@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 import yaml
 
 from danastar import scaling
@@ -91,7 +92,7 @@ def test_a_finished_run_is_not_trained_again(tmp_path, reference_runs):
 
 
 def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "clip_grad_norm", lambda model, max_norm: float("nan"))
+    monkeypatch.setattr(loop, "clip_grad_norm", lambda model, max_norm: torch.tensor(float("nan")))
     updates = []
     real_build = loop.build_optimizer
 

@@ -34,6 +34,7 @@ from danastar.config import (
 from danastar.errors import UserError
 from danastar.models import build_model
 from danastar.optim import apply_schedule, build_optimizer, get_schedule
+from danastar.optim.base import local
 from danastar.train import parallel
 from danastar.train.checkpoint import Checkpointer, gather_rng_states, set_rng_state
 from danastar.train.data import TrainingData
@@ -224,7 +225,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: T
     stats = torch.stack([objective_sum / acc_steps, cross_entropy_sum / acc_steps,
                          torch.full((), float(stop_requested_here), device=env.device)]).float()
     parallel.all_reduce_sum(stats)
-    norm = torch.as_tensor(grad_norm, dtype=torch.float32, device=env.device).reshape(1)
+    norm = grad_norm.float().reshape(1)
     objective_mean, cross_entropy_mean, stop_flag, grad_norm = torch.cat(
         [stats[:2] / env.world_size, stats[2:], norm]).tolist()
     result = StepResult(objective_mean, cross_entropy_mean, grad_norm, stop_flag > 0)
@@ -339,13 +340,8 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
         # As torch.nn.utils.clip_grad_norm_: scale by min(1, max_norm / (norm + 1e-6)), in fp32.
         # The scale is the same on every rank, so each rank scales its own shards in place.
         scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        torch._foreach_mul_([local_tensor(grad) for grad in grads], scale)
+        torch._foreach_mul_([local(grad) for grad in grads], scale)
     return total
-
-
-def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (sharing its storage), else the tensor itself."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 @torch.no_grad()
