@@ -56,6 +56,7 @@ def sharded_worker(rank, world, port, out_path):
         results[f"{name}-{impl}"] = (params, diagnostics)
     if rank == 0:
         torch.save(results, out_path)
+    dist.barrier()  # neither rank tears gloo down while the other may still be talking to it
     dist.destroy_process_group()
 
 
