@@ -297,7 +297,9 @@ def _command(source: str, tokenizer: str | None, vocab_size: int | None, options
 
 
 def _records_complete(meta: dict) -> bool:
-    return all({"bytes", "sha256", "max_id", "documents"} <= e.keys()
+    # Per-file document counts are not required: an older meta.json lacks them for good (a
+    # repair of such a directory rebuilds every shard).
+    return all({"bytes", "sha256", "max_id"} <= e.keys()
                for e in [*meta["train_files"], *meta["val_files"]])
 
 
