@@ -139,6 +139,30 @@ def test_a_corrupt_state_file_starts_the_preparation_over(tmp_path, monkeypatch,
     assert repaired == files_of(tmp_path / "whole")
 
 
+def test_a_meta_json_without_checksums_is_adopted_then_repaired(tmp_path):
+    """A directory prepared before meta.json held checksums: prepare records them once; a later
+    repair (no per-file document counts to keep shards by) rebuilds every shard."""
+    source, out, original = prepared_corpus(tmp_path)
+    meta = json.loads((out / "meta.json").read_text())
+    for key in ("command", "tokenizer_sha256"):
+        meta.pop(key)
+    for entry in [*meta["train_files"], *meta["val_files"]]:
+        for key in ("bytes", "sha256", "max_id", "documents"):
+            entry.pop(key)
+    (out / "meta.json").write_text(json.dumps(meta))
+    TokenData.open(out)  # still loads (size and vocabulary checks only)
+    prepare_source(str(source), out, **OPTIONS)
+    adopted = json.loads((out / "meta.json").read_text())
+    assert [e["sha256"] for e in adopted["train_files"]] == [
+        e["sha256"] for e in json.loads(original["meta.json"])["train_files"]]
+    stamp = (out / "meta.json").stat().st_mtime_ns
+    prepare_source(str(source), out, **OPTIONS)
+    assert (out / "meta.json").stat().st_mtime_ns == stamp  # adopted once
+    flip_bytes(out / "train_00003.bin")
+    prepare_source(str(source), out, **OPTIONS)
+    assert files_of(out) == original
+
+
 def test_the_loaders_advice_is_a_command_that_repairs(tmp_path):
     """The refusal names a command; run as it is written, it repairs the directory."""
     _, out, original = prepared_corpus(tmp_path)
@@ -171,6 +195,17 @@ def test_the_damaged_default_corpus_is_repaired_before_training(tmp_path, monkey
     flip_bytes(default / "train_00003.bin")
     assert ensure_prepared("shakespeare") == default and calls == ["shakespeare"]
     assert files_of(default) == original
+
+
+@pytest.mark.parametrize("text", ['{"vocab_', "[]", '{"train_files": 3}'])
+def test_a_corrupt_meta_json_is_refused_by_the_loader_and_the_dry_run(tmp_path, capsys, text):
+    _, out, _ = prepared_corpus(tmp_path)
+    (out / "meta.json").write_text(text)
+    with pytest.raises(UserError, match=f"repair the directory with .*--out {out}"):
+        TokenData.open(out)
+    assert cli.main(["train", "--dataset", str(out), "--dry_run", "--no_wandb"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "meta.json" in error and f"--out {out}" in error
 
 
 # --- the vocabulary check -------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from danastar.data.prepared import (
     META_FILE,
     RAW_META,
     check_contents,
+    meta_is_complete,
     prepared_format,
     repair_command,
 )
@@ -128,6 +129,12 @@ class TokenData:
                     f"{repair_command(directory, meta)}."
                 )
             repair = f"repair it with {repair_command(directory, meta)}"
+            _check_dtype(meta, directory, repair)
+            if not meta_is_complete(meta):
+                raise UserError(
+                    f"{meta_path} does not describe its token files as `danastar prepare` "
+                    f"writes them; {repair}."
+                )
         elif layout == "raw":
             meta = dict(
                 RAW_META,
@@ -204,6 +211,11 @@ def _check_dtype(meta: dict, directory: Path, repair: str) -> np.dtype:
     if meta["dtype"] not in ("uint16", "uint32"):
         raise UserError(
             f"token dtype {meta['dtype']!r} in {directory} is not uint16 or uint32; {repair}."
+        )
+    if not isinstance(meta["vocab_size"], int) or meta["vocab_size"] < 1:
+        raise UserError(
+            f"vocabulary size {meta['vocab_size']!r} in {directory} is not a positive whole "
+            f"number; {repair}."
         )
     dtype = np.dtype(meta["dtype"]).newbyteorder("<")  # token files are little-endian
     if meta["vocab_size"] > np.iinfo(dtype).max + 1:

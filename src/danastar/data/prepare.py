@@ -34,6 +34,7 @@ from danastar.data.prepared import (
     META_FILE,
     check_contents,
     content_problem,
+    meta_is_complete,
     prepared_format,
     remember_checked,
     scan_tokens,
@@ -141,18 +142,6 @@ def read_meta(directory: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) else None
-
-
-def meta_is_complete(meta: dict) -> bool:
-    """Whether `meta` has the shape this module writes (what verification relies on)."""
-    files = [meta.get("train_files"), meta.get("val_files")]
-    return (
-        isinstance(meta.get("vocab_size"), int)
-        and meta.get("dtype") in ("uint16", "uint32")
-        and all(isinstance(f, list) for f in files)
-        and all(isinstance(e, dict) and isinstance(e.get("file"), str)
-                and isinstance(e.get("tokens"), int) for f in files for e in f)
-    )
 
 
 def prepare_source(

@@ -42,6 +42,18 @@ def prepared_format(directory: Path) -> str | None:
     return None
 
 
+def meta_is_complete(meta: dict) -> bool:
+    """Whether `meta` has the shape `prepare` writes (what verification and the loader rely on)."""
+    files = [meta.get("train_files"), meta.get("val_files")]
+    return (
+        isinstance(meta.get("vocab_size"), int)
+        and meta.get("dtype") in ("uint16", "uint32")
+        and all(isinstance(f, list) for f in files)
+        and all(isinstance(e, dict) and isinstance(e.get("file"), str)
+                and isinstance(e.get("tokens"), int) for f in files for e in f)
+    )
+
+
 def repair_command(directory: Path, meta: dict | None) -> str:
     """The command that rebuilds what is damaged in `directory` (`danastar prepare` verifies an
     existing output and rebuilds what fails), as the user would type it."""
