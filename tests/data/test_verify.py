@@ -82,6 +82,8 @@ DAMAGE = {
                            "train_00004"),
     "missing val": (lambda d: (d / "val_00006.bin").unlink(), "val_00006"),
     "corrupt meta.json": (lambda d: (d / "meta.json").write_text('{"vocab_'), None),
+    "meta.json of the wrong shape": (lambda d: (d / "meta.json").write_text(json.dumps(
+        {**json.loads((d / "meta.json").read_text()), "train_files": "?"})), None),
 }
 
 
@@ -153,6 +155,7 @@ def test_a_meta_json_without_checksums_is_adopted_then_repaired(tmp_path):
     TokenData.open(out)  # still loads (size and vocabulary checks only)
     prepare_source(str(source), out, **OPTIONS)
     adopted = json.loads((out / "meta.json").read_text())
+    assert adopted["command"] == json.loads(original["meta.json"])["command"]
     assert [e["sha256"] for e in adopted["train_files"]] == [
         e["sha256"] for e in json.loads(original["meta.json"])["train_files"]]
     stamp = (out / "meta.json").stat().st_mtime_ns

@@ -193,7 +193,7 @@ def prepare_source(
             problems = damage(out, meta)
             if not problems:
                 if not _records_complete(meta):  # written before meta.json held checksums
-                    meta = _add_checksums(out, meta)
+                    meta = _add_checksums(out, meta, command)
                 remember_checked(out, [*meta["train_files"], *meta["val_files"]])
                 return meta  # already prepared, and intact
             _say(f"{out}: {'; '.join(problems.values())}; rebuilding what is damaged")
@@ -292,7 +292,7 @@ def _records_complete(meta: dict) -> bool:
                for e in [*meta["train_files"], *meta["val_files"]])
 
 
-def _add_checksums(out: Path, meta: dict) -> dict:
+def _add_checksums(out: Path, meta: dict, command: str) -> dict:
     """Record sizes, checksums and largest ids in a `meta.json` written before it held them (its
     files passed the size check). Document counts per file were not recorded then."""
     for entry in [*meta["train_files"], *meta["val_files"]]:
@@ -301,6 +301,7 @@ def _add_checksums(out: Path, meta: dict) -> dict:
                       _scan(path, meta["dtype"]).items() if key not in entry})
     if meta.get("tokenizer_file") and (out / meta["tokenizer_file"]).is_file():
         meta.setdefault("tokenizer_sha256", sha256(out / meta["tokenizer_file"]))
+    meta.setdefault("command", command)
     _write_json_atomic(out / META_FILE, meta)
     return meta
 
@@ -312,12 +313,15 @@ def _scan(path: Path, dtype: str) -> dict:
 def _start_repair(out: Path, meta: dict, request: dict, corpus: Corpus, problems: dict) -> None:
     """Turn a damaged output into an unfinished preparation whose finished shards are the intact
     files, so the resumable path rebuilds exactly what is damaged (and survives an interruption)."""
-    entries = {Path(e["file"]).stem: e for e in [*meta["train_files"], *meta["val_files"]]}
     shards: dict = {}
     tokenizer_file = meta.get("tokenizer_file")
+    intact_meta = META_FILE not in problems  # else its file list cannot be trusted
+    entries = ({Path(e["file"]).stem: e for e in [*meta["train_files"], *meta["val_files"]]}
+               if intact_meta else {})
     # With another tokenizer, or without per-file document counts (an older meta.json), every
     # shard is made again.
-    if tokenizer_file not in problems and all("documents" in e for e in entries.values()):
+    if (intact_meta and tokenizer_file not in problems
+            and all("documents" in e for e in entries.values())):
         for shard in corpus.shards:
             entry = entries.get(shard.name)
             if entry is None:
