@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -182,21 +183,20 @@ def test_the_loaders_advice_is_a_command_that_repairs(tmp_path):
     TokenData.open(out)
 
 
-def test_the_damaged_default_corpus_is_repaired_before_training(tmp_path, monkeypatch):
-    """`ensure_prepared` (what training calls) rebuilds a damaged default directory itself; a
-    source prepared as bytes stands in for Shakespeare, to keep the test fast."""
-    source = write_corpus(tmp_path / "in")
+def test_the_damaged_default_corpus_is_repaired_before_training(
+    tmp_path, monkeypatch, shakespeare_dir, capsys
+):
+    """`ensure_prepared("shakespeare")`, what training calls, rebuilds a damaged default
+    directory itself (here a copy of the session's prepared Shakespeare)."""
     monkeypatch.setenv("DANASTAR_DATA_DIR", str(tmp_path / "data"))
     default = prepare.default_data_dir("shakespeare")
-    prepare_source(str(source), default, **OPTIONS)
+    shutil.copytree(shakespeare_dir, default)
     original = files_of(default)
-    calls = []
-    monkeypatch.setattr(prepare, "prepare_source",
-                        lambda name, d: calls.append(name) or prepare_source(str(source), d,
-                                                                              **OPTIONS))
-    assert ensure_prepared("shakespeare") == default and calls == []  # intact: left alone
-    flip_bytes(default / "train_00003.bin")
-    assert ensure_prepared("shakespeare") == default and calls == ["shakespeare"]
+    assert ensure_prepared("shakespeare") == default and files_of(default) == original
+    assert capsys.readouterr().err == ""  # intact: left alone
+    flip_bytes(default / "val_00000.bin", offset=1000)
+    assert ensure_prepared("shakespeare") == default
+    assert "val_00000.bin does not match its checksum; rebuilding" in capsys.readouterr().err
     assert files_of(default) == original
 
 
