@@ -134,6 +134,9 @@ def test_a_corrupt_state_file_starts_the_preparation_over(tmp_path, monkeypatch,
         patch.setattr(prepare, "_write_shard", dying)
         with pytest.raises(KeyboardInterrupt):
             prepare_source(str(source), tmp_path / "out", **OPTIONS)
+    with pytest.raises(UserError, match=r"holds an unfinished preparation; run `danastar "
+                       r"prepare .* --out .*` again to finish it"):
+        ensure_prepared(tmp_path / "out")  # what training says when given this directory
     (tmp_path / "out" / prepare.STATE_FILE).write_text('{"request": {"sour')
     prepare_source(str(source), tmp_path / "out", **OPTIONS)
     assert "unreadable" in capsys.readouterr().err

@@ -80,6 +80,13 @@ def ensure_prepared(name_or_dir: str | os.PathLike) -> Path:
         if name not in AUTO_PREPARED or not damage(directory):
             return directory  # a named source prepared earlier into its default directory
     if name not in AUTO_PREPARED:
+        if (path / STATE_FILE).is_file():
+            recorded = _read_json(path / STATE_FILE).get("command")
+            rerun = f"`{recorded} --out {name}`" if recorded else "the `danastar prepare` command"
+            raise UserError(
+                f"{name!r} holds an unfinished preparation; run {rerun} again to finish it (it "
+                "resumes where it stopped)."
+            )
         if path.exists():
             raise UserError(
                 f"{name!r} holds no meta.json (nor train.bin/val.bin); prepare it with `danastar "
@@ -133,6 +140,15 @@ def damage(directory: Path, meta: dict | None = None) -> dict[str, str]:
         elif sha256(path) != meta["tokenizer_sha256"]:
             problems[tokenizer_file] = f"{tokenizer_file} does not match its checksum"
     return {name: problem for name, problem in problems.items() if problem}
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object from a file; empty when the file is unreadable."""
+    try:
+        content = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return content if isinstance(content, dict) else {}
 
 
 def read_meta(directory: Path) -> dict | None:
@@ -208,6 +224,7 @@ def prepare_source(
         spec, vocab_size or corpus.default_vocab_size, corpus, out, resume=state is not None
     )
     state = state or {"request": request, "shards": {}}
+    state["command"] = command  # named to whoever finds the preparation unfinished
     dtype = token_dtype(tok.vocab_size)
 
     total = (
