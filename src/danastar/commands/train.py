@@ -15,14 +15,26 @@ import json
 import os
 from pathlib import Path
 
-from danastar.config import TrainConfig, batch_layout, load_config, make_run_plan, model_config
+from danastar.config import (
+    TrainConfig,
+    batch_layout,
+    check_run_dir,
+    load_config,
+    make_run_plan,
+    model_config,
+    run_directory,
+)
 from danastar.data.prepared import META_FILE, RAW_META, prepared_format
+from danastar.errors import UserError
 
 
 def main(argv: list[str]) -> int:
     config, args = load_config(argv)
+    # What training would refuse is refused here, as the dry run does: once (not by each of N
+    # workers), before data is prepared, a process is started or a file is written.
+    planned = dry_run(config)
     if getattr(args, "dry_run", False):
-        print(json.dumps(dry_run(config), indent=2))
+        print(json.dumps(planned, indent=2))
         return 0
     from danastar.launch.local import launch, under_torchrun
 
@@ -40,6 +52,7 @@ def dry_run(config: TrainConfig) -> dict:
     vocab_size, vocab_from = planned_vocab_size(config.data.dataset)
     plan = make_run_plan(config, vocab_size, layout.data_parallel_size)
     check_optimizer_settings(plan, config)
+    check_run_dir(run_directory(config))
     return {
         "plan": plan.to_dict(),
         "batch_layout": layout.to_dict(),
@@ -72,8 +85,12 @@ def planned_vocab_size(dataset: str) -> tuple[int, str]:
     for directory in (path, prepare.default_data_dir(dataset)):
         layout = prepared_format(directory) if directory.is_dir() else None
         if layout == "meta":
-            meta = json.loads((directory / META_FILE).read_text())
-            return int(meta["vocab_size"]), f"{directory / META_FILE}"
+            meta_path = directory / META_FILE
+            try:
+                return int(json.loads(meta_path.read_text())["vocab_size"]), f"{meta_path}"
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                raise UserError(f"{meta_path} cannot be read ({type(error).__name__}: {error}); "
+                                f"prepare the data again with `danastar prepare`.") from None
         if layout == "raw":
             return gpt2_vocab_size, "raw GPT-2 train.bin/val.bin"
     if dataset == "synthetic":
