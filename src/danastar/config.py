@@ -201,6 +201,8 @@ def argparse_sentence(message: str) -> str:
     flag = flag.removeprefix("argument ").split("/")[0]
     if problem == "expected one argument":
         return f"{flag} needs a value, e.g. {flag} VALUE."
+    if problem.startswith("ignored explicit argument"):
+        return f"{flag} takes no value; write {flag} alone."
     if problem.startswith("takes "):  # from `flag_type`: already names what the flag takes
         return f"{flag} {problem}"
     return f"{flag}: {problem}; run `danastar train --help` for the flags."
