@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import danastar
 from danastar.cli import main as danastar_main
@@ -85,6 +86,7 @@ REFUSED = [
     (["--nproc", "2", "--batch_size", "5"], "--batch_size 5 (global sequences per micro-step) "
      "does not split over 2 data-parallel ranks; use a multiple of 2"),
     (["--nproc", "0"], "parallel.nproc (--nproc) must be at least 1"),
+    (["--nproc", "2", "--distributed_backend", "single"], "single cannot run 2 processes"),
     # the command line itself: no usage dump, a suggestion, and no abbreviations
     (["--iteratons", "5"], "unknown flag --iteratons; did you mean --iterations?"),
     (["--dry-run"], "unknown flag --dry-run; did you mean --dry_run?"),
@@ -206,6 +208,19 @@ def test_training_and_the_dry_run_refuse_the_same_things(argv, tmp_path, capsys)
         messages.append(capsys.readouterr().err)
     assert messages[0] == messages[1] and messages[0].count("\n") == 1
     assert not os.path.exists(run_dir)  # nothing was written
+
+
+def test_what_this_machine_lacks_is_refused_before_launching_workers(tmp_path, capsys):
+    # A dry run plans for any machine; `--nproc N` checks this one once, in the launcher.
+    cases = [(["--dataset", str(tmp_path / "no-data")], "is neither a prepared directory")]
+    if not torch.cuda.is_available():
+        cases.append((["train.device=cuda"], "no CUDA device is visible; use train.device=cpu"))
+    for argv, fragment in cases:
+        run_dir = tmp_path / "run"
+        assert danastar_main(["train", *BASE, "--nproc", "2", "--run_dir", str(run_dir),
+                              *argv]) == 2
+        error = capsys.readouterr().err
+        assert fragment in error and error.count("\n") == 1 and not run_dir.exists()
 
 
 # Through the real command line, in fresh processes.

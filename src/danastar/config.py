@@ -658,6 +658,11 @@ def batch_layout(config: TrainConfig, world_size: int) -> BatchLayout:
     """Split `--batch_size` (global, per micro-step) over the data-parallel ranks, or say why
     not."""
     tp, replicas = config.parallel.tp_size, config.parallel.hsdp_replicas
+    if world_size > 1 and config.parallel.backend == "single":
+        raise UserError(
+            f"--distributed_backend single cannot run {world_size} processes; use ddp or fsdp "
+            "(or --nproc 1)."
+        )
     if world_size % tp:
         raise UserError(
             f"parallel.tp_size {tp} does not divide the world of {world_size} processes; "

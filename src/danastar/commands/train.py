@@ -39,6 +39,13 @@ def main(argv: list[str]) -> int:
     from danastar.launch.local import launch, under_torchrun
 
     if config.parallel.nproc > 1 and not under_torchrun():
+        # Facts of this machine, which a dry run (planning for any machine) does not check: here
+        # they are refused once rather than by each worker.
+        check_devices(config)
+        if config.data.dataset != "synthetic":
+            from danastar.data.prepare import ensure_prepared
+
+            ensure_prepared(config.data.dataset)  # missing data is one message; prepared once
         return launch(config.parallel.nproc, argv)
     from danastar.train.loop import train
 
@@ -60,6 +67,19 @@ def dry_run(config: TrainConfig) -> dict:
         "vocab_size_from": vocab_from,
         "config": config.to_dict(),
     }
+
+
+def check_devices(config: TrainConfig) -> None:
+    """The devices `--nproc N` processes will ask for exist on this machine."""
+    import torch
+
+    from danastar.train.parallel import choose_device
+
+    device = choose_device(config.train.device)
+    nproc, gpus = config.parallel.nproc, torch.cuda.device_count()
+    if device.type == "cuda" and nproc > gpus:
+        raise UserError(f"--nproc {nproc} starts one process per GPU but this machine has {gpus}; "
+                        f"use --nproc {gpus} or less (or train.device=cpu).")
 
 
 def check_optimizer_settings(plan, config: TrainConfig) -> None:
