@@ -5,6 +5,7 @@ refuses exactly what training would.
 Most cases run in-process through the checks `danastar train` makes before it trains or launches
 (`load_config`, then the dry run's plan); a few go through the real command line."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -215,6 +216,10 @@ def test_what_this_machine_lacks_is_refused_before_launching_workers(tmp_path, c
     cases = [(["--dataset", str(tmp_path / "no-data")], "is neither a prepared directory")]
     if not torch.cuda.is_available():
         cases.append((["train.device=cuda"], "no CUDA device is visible; use train.device=cpu"))
+    if importlib.util.find_spec("wandb") is None:
+        cases.append((["--wandb"], "wandb is not installed; pip install"))
+    if importlib.util.find_spec("tensorboard") is None:
+        cases.append((["logging.tensorboard=true"], "TensorBoard is not installed; pip install"))
     for argv, fragment in cases:
         run_dir = tmp_path / "run"
         assert danastar_main(["train", *BASE, "--nproc", "2", "--run_dir", str(run_dir),

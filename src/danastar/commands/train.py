@@ -38,10 +38,11 @@ def main(argv: list[str]) -> int:
         return 0
     from danastar.launch.local import launch, under_torchrun
 
-    if config.parallel.nproc > 1 and not under_torchrun():
+    if not under_torchrun():
         # Facts of this machine, which a dry run (planning for any machine) does not check: here
-        # they are refused once rather than by each worker.
-        check_devices(config)
+        # they are refused once rather than by each worker, and before data is prepared.
+        check_this_machine(config)
+    if config.parallel.nproc > 1 and not under_torchrun():
         if config.data.dataset != "synthetic":
             from danastar.data.prepare import ensure_prepared
 
@@ -69,8 +70,10 @@ def dry_run(config: TrainConfig) -> dict:
     }
 
 
-def check_devices(config: TrainConfig) -> None:
-    """The devices `--nproc N` processes will ask for exist on this machine."""
+def check_this_machine(config: TrainConfig) -> None:
+    """This machine has the devices the processes will ask for and the trackers asked for."""
+    import importlib.util
+
     import torch
 
     from danastar.train.parallel import choose_device
@@ -80,6 +83,11 @@ def check_devices(config: TrainConfig) -> None:
     if device.type == "cuda" and nproc > gpus:
         raise UserError(f"--nproc {nproc} starts one process per GPU but this machine has {gpus}; "
                         f"use --nproc {gpus} or less (or train.device=cpu).")
+    if config.logging.wandb and importlib.util.find_spec("wandb") is None:
+        raise UserError("wandb is not installed; pip install 'danastar[wandb]' or pass --no_wandb.")
+    if config.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise UserError("TensorBoard is not installed; pip install 'danastar[tensorboard]' or drop "
+                        "logging.tensorboard.")
 
 
 def check_optimizer_settings(plan, config: TrainConfig) -> None:
