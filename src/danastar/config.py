@@ -10,8 +10,11 @@ line of `danastar train` and returns the merged, validated config:
       ← command-line flags (the original release's names: --heads, --lr, --batch_size, ...)
       ← dotted `section.key=value` overrides, last.
 
-Unknown keys anywhere are errors that name the closest valid key. Values left as `None` are
-filled in later from the scaling plan (`--heads` → dimensions, LR, weight decay, iterations).
+Unknown keys anywhere are errors that name the closest valid key, unknown flags name the closest
+flag, and values written as text (YAML files, dotted overrides) are read by their field's type
+with YAML 1.2 rules. `validate` then refuses every value training could not honour, with one
+sentence naming the fix, so that a dry run refuses what training would. Values left as `None`
+are filled in later from the scaling plan (`--heads` → dimensions, LR, weight decay, iterations).
 """
 
 from __future__ import annotations
