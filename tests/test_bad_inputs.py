@@ -92,7 +92,7 @@ REFUSED = [
     (["--iteratons", "5"], "unknown flag --iteratons; did you mean --iterations?"),
     (["--dry-run"], "unknown flag --dry-run; did you mean --dry_run?"),
     (["--batch-size", "4"], "unknown flag --batch-size; did you mean --batch_size?"),
-    (["--seq", "64"], "unknown flag --seq"),
+    (["--seq", "64"], "unknown flag --seq; flags are written in full, e.g. --sequence_length."),
     (["--train.seed=3"], "--train.seed is a config key, not a flag; write it as train.seed=VALUE"),
     (["--lr"], "--lr needs a value"),
     (["--lr", "abc"], "--lr takes a number (e.g. 0.5 or 3e-4), not 'abc'"),

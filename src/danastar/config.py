@@ -277,8 +277,13 @@ def unknown_flag(token: str, parser: argparse.ArgumentParser) -> UserError:
     known = [option for action in parser._actions for option in action.option_strings
              if option.startswith("--")]
     normalised = "--" + bare.replace("-", "_")
-    close = [normalised] if normalised in known else difflib.get_close_matches(
-        normalised, known, n=1, cutoff=0.6)
+    if normalised in known:
+        return UserError(f"unknown flag {name}; did you mean {normalised}?")
+    completions = [flag for flag in known if flag.startswith(normalised)]
+    if completions:  # an abbreviation: argparse would have taken it silently
+        return UserError(f"unknown flag {name}; flags are written in full, e.g. "
+                         f"{' or '.join(completions[:3])}.")
+    close = difflib.get_close_matches(normalised, known, n=1, cutoff=0.6)
     if close:
         return UserError(f"unknown flag {name}; did you mean {close[0]}?")
     return UserError(f"unknown flag {name}; run `danastar train --help` for the flags, or set any "
