@@ -399,11 +399,12 @@ def nest(dotted: dict[str, Any]) -> dict[str, Any]:
     for key, value in dotted.items():
         *sections, leaf = key.split(".")
         node = nested
-        for section in sections:
+        for depth, section in enumerate(sections, 1):
             node = node.setdefault(section, {})
             if not isinstance(node, dict):
-                raise UserError(f"{key} and {section} are both given; {section} is a value, "
-                                "not a section.")
+                given = ".".join(sections[:depth])
+                raise UserError(f"cannot set {key} because {given} is also given a value "
+                                f"({node!r}); give one or the other.")
         node[leaf] = value
     return nested
 
