@@ -21,13 +21,21 @@ from danastar.data.prepared import META_FILE, RAW_META, prepared_format
 
 def main(argv: list[str]) -> int:
     config, args = load_config(argv)
+    # srun/mpirun workers: ranks from the launcher's variables, exported as torch's (train reads
+    # only those, so the engine stays launcher-agnostic).
+    from danastar.launch.env import export_torch_environment
+
+    export_torch_environment()
     if getattr(args, "dry_run", False):
         print(json.dumps(dry_run(config), indent=2))
         return 0
     from danastar.launch.local import launch, under_torchrun
 
     if config.parallel.nproc > 1 and not under_torchrun():
-        return launch(config.parallel.nproc, argv)
+        from danastar.config import default_run_dir  # the workers' stop file goes there
+
+        run_dir = config.logging.run_dir or default_run_dir(config)
+        return launch(config.parallel.nproc, argv, Path(run_dir))
     from danastar.train.loop import train
 
     return train(config)
