@@ -41,9 +41,10 @@ def main(argv: list[str]) -> int:
     return train(config)
 
 
-def dry_run(config: TrainConfig) -> dict:
+def dry_run(config: TrainConfig, world_size: int | None = None) -> dict:
     """The resolved plan, batch layout and config as JSON-ready data; needs no data on disk."""
-    world_size = int(os.environ.get("WORLD_SIZE", config.parallel.nproc))
+    if world_size is None:  # `danastar submit` knows the world it asks SLURM for
+        world_size = int(os.environ.get("WORLD_SIZE", config.parallel.nproc))
     layout = batch_layout(config, world_size)
     vocab_size, vocab_from = planned_vocab_size(config.data.dataset)
     plan = make_run_plan(config, vocab_size, layout.data_parallel_size)
