@@ -73,9 +73,11 @@ def expand_nodelist(nodelist: str) -> list[str]:
     the built-in parser (the same answer; tested against scontrol)."""
     if not nodelist:
         return []
+    if "[" not in nodelist:
+        return parse_nodelist(nodelist)  # plain names: nothing to expand
     try:
         result = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                                text=True, timeout=10)
+                                text=True, timeout=5)
         if result.returncode == 0 and result.stdout.strip():
             return result.stdout.split()
     except (OSError, subprocess.TimeoutExpired):

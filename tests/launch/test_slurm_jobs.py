@@ -1,0 +1,130 @@
+"""`danastar submit` against a real SLURM started by the tests: job chains by requeue, USR1 before
+the time limit, job arrays from sweep files, ranks from srun. Every run must end with exactly the
+losses of an uninterrupted local run."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from danastar.train.status import read_status
+
+from train_helpers import TINY, compared, environment, last_step, run_train
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+RUN = ["--iterations", "12", "checkpoint.latest_every=-1"]
+LONGER = ["--iterations", "40", "checkpoint.latest_every=-1"]  # time to signal it mid-run
+
+
+def submit(slurm, args, cwd, expect_ok=True) -> subprocess.CompletedProcess:
+    env = {**environment(), **{"SLURM_CONF": slurm.env["SLURM_CONF"]},
+           "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    result = subprocess.run([sys.executable, "-m", "danastar", "submit", *args], env=env,
+                            cwd=cwd, capture_output=True, text=True, timeout=120)
+    if expect_ok:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def job_id(result) -> str:
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("submitted job "), result.stdout
+    return first.split()[2]
+
+
+def segment_log(run_dir: Path) -> str:
+    return "".join(path.read_text() for path in sorted((run_dir / "logs").glob("*.out")))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The losses of uninterrupted local runs, which the SLURM runs must equal."""
+    cache = {}
+
+    def get(args, torchrun=0):
+        key = (tuple(args), torchrun)
+        if key not in cache:
+            run_dir = tmp_path_factory.mktemp("reference") / "run"
+            result = run_train(list(args), run_dir, torchrun=torchrun)
+            assert result.returncode == 0, result.stderr[-3000:]
+            cache[key] = compared(run_dir)
+        return cache[key]
+
+    return get
+
+
+def test_a_chain_of_three_segments_requeues_the_same_job_and_equals_an_uninterrupted_run(
+        slurm, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    job = job_id(submit(slurm, [*TINY, *RUN, "--iterations_to_run", "4", "--time", "30",
+                                "--run_dir", str(run_dir)], tmp_path))
+    fields = slurm.wait_job(job, timeout=240)
+    elapsed = time.monotonic() - started
+    log = segment_log(run_dir)
+    assert fields["JobState"] == "COMPLETED", log
+    assert fields["Restarts"] == "2"  # three segments, one job id
+    assert [f"segment {i} of" in log for i in range(3)] == [True] * 3, log
+    assert log.count("requeueing job") == 2 and "the run is complete" in log
+    status = read_status(run_dir)
+    assert status["state"] == "complete" and status["step"] == 12 and status["job_id"] == job
+    assert status["restarts"] == 2
+    assert compared(run_dir) == reference(RUN)
+    print(f"3-segment chain: {elapsed:.1f} s")  # the measured time the docs quote
+
+
+def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_exactly(
+        slurm, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    job = job_id(submit(slurm, [*TINY, *LONGER, "--time", "30", "--run_dir", str(run_dir)],
+                        tmp_path))
+    deadline = time.monotonic() + 120
+    while last_step(run_dir) < 2:
+        assert time.monotonic() < deadline, segment_log(run_dir)
+        time.sleep(0.05)
+    # What SLURM does --signal_lead seconds before the time limit (B: to the batch shell only).
+    signalled = slurm.run("scancel", "--signal=USR1", "--batch", job)
+    assert signalled.returncode == 0, signalled.stderr
+    fields = slurm.wait_job(job, timeout=180)
+    log = segment_log(run_dir)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", log
+    assert "USR1 (time nearly up)" in log and "STOP: checkpoint saved at step" in log
+    assert "resumed from" in log
+    assert not (run_dir / "STOP").exists()
+    assert compared(run_dir) == reference(LONGER)
+
+
+def test_a_job_array_from_a_sweep_file_trains_each_run_in_its_own_directory(slurm, tmp_path):
+    sweep = tmp_path / "seeds.yaml"
+    sweep.write_text("name: seeds\nbase: {train.iterations: 6}\ngrid:\n  train.seed: [0, 1]\n")
+    result = submit(slurm, [*TINY, "--array", str(sweep), "--time", "30",
+                            "--runs_root", str(tmp_path / "runs")], tmp_path)
+    job = job_id(result)
+    root = tmp_path / "runs" / "seeds"
+    for task in (0, 1):
+        fields = slurm.wait_job(f"{job}_{task}", timeout=180)
+        assert fields["JobState"] == "COMPLETED", segment_log(root)
+    runs = sorted(path.name for path in root.iterdir() if (path / "status.json").exists())
+    assert runs == ["s0", "s1"]
+    for seed in (0, 1):
+        status = read_status(root / f"s{seed}")
+        assert status["state"] == "complete" and status["job_id"] == f"{job}_{seed}"
+        config = json.loads((root / f"s{seed}" / "slurm" / "plan.json").read_text())["config"]
+        assert config["train"]["seed"] == seed
+    assert compared(root / "s0") != compared(root / "s1")
+
+
+def test_two_srun_tasks_train_as_two_torchrun_workers(slurm, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    job = job_id(submit(slurm, [*TINY, *RUN, "--tasks_per_node", "2", "--time", "30",
+                                "--run_dir", str(run_dir)], tmp_path))
+    fields = slurm.wait_job(job, timeout=180)
+    assert fields["JobState"] == "COMPLETED", segment_log(run_dir)
+    assert "2 process(es), backend ddp" in segment_log(run_dir)
+    assert compared(run_dir) == reference(RUN, torchrun=2)
