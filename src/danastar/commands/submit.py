@@ -129,13 +129,15 @@ def plan_job(args, train_argv: list[str], profile) -> slurm.Job:
         for point in sweep.points():
             point_argv = [*train_argv, *point.train_argv()]
             run_dir = root / point.name
-            point_argv = finish_run(point_argv, run_dir, world, profile, point.lr_multiplier)
+            point_argv = finish_run(point_argv, run_dir, world, profile, point.lr_multiplier,
+                                    write=not args.dry_run)
             runs.append((run_dir, point_argv))
         name, home = sweep.name, root
     else:
         config, _ = load_config(train_argv)
         run_dir = Path(config.logging.run_dir or default_run_dir(config)).resolve()
-        runs = [(run_dir, finish_run(train_argv, run_dir, world, profile, None))]
+        runs = [(run_dir, finish_run(train_argv, run_dir, world, profile, None,
+                                     write=not args.dry_run))]
         name, home = run_dir.name, run_dir
 
     def setting(flag_value, profile_field, default):
@@ -145,8 +147,8 @@ def plan_job(args, train_argv: list[str], profile) -> slurm.Job:
             else default
 
     cpus = args.cpus_per_task or (profile.cpus_per_gpu if profile and gpus else 0)
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "logs").mkdir(exist_ok=True)
+    if not args.dry_run:
+        (home / "logs").mkdir(parents=True, exist_ok=True)
     return slurm.Job(
         name=name[:120], runs=runs, script_path=home / "slurm" / slurm.SCRIPT_NAME,
         log_dir=home / "logs", workdir=Path.cwd(),
@@ -165,7 +167,7 @@ def plan_job(args, train_argv: list[str], profile) -> slurm.Job:
 
 
 def finish_run(train_argv: list[str], run_dir: Path, world: int, profile,
-               lr_multiplier: float | None) -> list[str]:
+               lr_multiplier: float | None, write: bool = True) -> list[str]:
     """Validate one run's arguments as training will (config, batch layout, plan), apply the
     profile's micro-batch cap and an LR multiplier, record the plan; returns the final
     arguments (what the script shows and the config records)."""
@@ -190,6 +192,8 @@ def finish_run(train_argv: list[str], run_dir: Path, world: int, profile,
         extra += [f"optim.lr={format_value(float(lr))}"]
         config, _ = load_config([*train_argv, *extra])
         plan = dry_run(config, world_size=world)
+    if not write:
+        return [*train_argv, *extra]
     (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
     (run_dir / "slurm" / "plan.json").write_text(json.dumps(plan, indent=1, default=str))
     (run_dir / "slurm" / "config.yaml").write_text(yaml.safe_dump(config.to_dict(),
