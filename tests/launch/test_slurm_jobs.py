@@ -128,3 +128,41 @@ def test_two_srun_tasks_train_as_two_torchrun_workers(slurm, tmp_path, reference
     assert fields["JobState"] == "COMPLETED", segment_log(run_dir)
     assert "2 process(es), backend ddp" in segment_log(run_dir)
     assert compared(run_dir) == reference(RUN, torchrun=2)
+
+
+def test_an_external_requeue_checkpoints_on_sigterm_and_resumes_exactly(slurm, tmp_path,
+                                                                         reference):
+    run_dir = tmp_path / "run"
+    job = job_id(submit(slurm, [*TINY, *LONGER, "--time", "30", "--run_dir", str(run_dir)],
+                        tmp_path))
+    deadline = time.monotonic() + 120
+    while last_step(run_dir) < 2:
+        assert time.monotonic() < deadline, segment_log(run_dir)
+        time.sleep(0.05)
+    # SLURM sends SIGTERM to the job's processes; the workers save within KillWait.
+    requeued = slurm.run("scontrol", "requeue", job)
+    assert requeued.returncode == 0, requeued.stderr
+    fields = slurm.wait_job(job, timeout=180)
+    log = segment_log(run_dir)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", log
+    assert "SIGTERM: checkpoint saved at step" in log and "resumed from" in log
+    assert compared(run_dir) == reference(LONGER)
+
+
+def test_a_dependency_chain_continues_through_presubmitted_successors(slurm, tmp_path,
+                                                                       reference):
+    run_dir = tmp_path / "run"
+    first = job_id(submit(slurm, [*TINY, *RUN, "--iterations_to_run", "6", "--time", "30",
+                                  "--chain", "dependency", "--run_dir", str(run_dir)], tmp_path))
+    deadline = time.monotonic() + 240
+    while read_status(run_dir).get("state") != "complete" or slurm.run(
+            "squeue", "-h", "-o", "%i").stdout.strip():
+        assert time.monotonic() < deadline, segment_log(run_dir)
+        time.sleep(0.5)
+    log = segment_log(run_dir)
+    jobs = [first] + [line.split()[3] for line in log.splitlines()
+                      if line.startswith("danastar: successor job") and line.endswith("submitted")]
+    assert len(jobs) == 3, log  # segment 0, segment 1 (completes), a successor with nothing to do
+    assert "the run is complete; nothing to do" in log and "requeueing" not in log
+    assert [slurm.job(j)["JobState"] for j in jobs] == ["COMPLETED"] * 3
+    assert compared(run_dir) == reference(RUN)
