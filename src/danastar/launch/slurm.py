@@ -145,7 +145,8 @@ echo "danastar: successor job $SUCCESSOR submitted"
     scontrol requeue "$SLURM_JOB_ID" \\
       || echo "danastar: scontrol requeue failed (fine if SLURM requeued the job already)\""""
     else:
-        continue_chain = """    echo "danastar: successor job $SUCCESSOR continues the run\""""
+        continue_chain = ('    echo "danastar: successor job $SUCCESSOR continues the run"\n'
+                          "    CODE=0  # this segment did its part: COMPLETED, not FAILED")
     then = ("requeues itself under the same job id" if job.chain == "requeue"
             else "ends and its pre-submitted successor continues")
     cancel_successor = '  scancel "$SUCCESSOR"\n' if job.chain == "dependency" else ""
