@@ -1,9 +1,10 @@
 """`danastar submit` against a real SLURM started by the tests: job chains by requeue, USR1 before
 the time limit, job arrays from sweep files, ranks from srun. Every run must end with exactly the
-losses of an uninterrupted local run."""
+losses of an uninterrupted local run (or, with two processes, of torchrun's two workers)."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 
 from danastar.train.status import read_status
 
+from local_slurm import LocalSlurm
 from train_helpers import TINY, compared, environment, last_step, run_train
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -22,9 +24,9 @@ RUN = ["--iterations", "12", "checkpoint.latest_every=-1"]
 LONGER = ["--iterations", "40", "checkpoint.latest_every=-1"]  # time to signal it mid-run
 
 
-def submit(slurm, args, cwd, expect_ok=True) -> subprocess.CompletedProcess:
-    env = {**environment(), **{"SLURM_CONF": slurm.env["SLURM_CONF"]},
-           "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def submit(slurm, args, cwd, expect_ok=True, env=None) -> subprocess.CompletedProcess:
+    env = {**environment(), "SLURM_CONF": slurm.env["SLURM_CONF"],
+           "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
     result = subprocess.run([sys.executable, "-m", "danastar", "submit", *args], env=env,
                             cwd=cwd, capture_output=True, text=True, timeout=120)
     if expect_ok:
@@ -79,23 +81,38 @@ def test_a_chain_of_three_segments_requeues_the_same_job_and_equals_an_uninterru
     print(f"3-segment chain: {elapsed:.1f} s")  # the measured time the docs quote
 
 
-def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_exactly(
+def wait_for_progress(run_dir, step, timeout=120):
+    deadline = time.monotonic() + timeout
+    while last_step(run_dir) < step:
+        assert time.monotonic() < deadline, segment_log(run_dir)
+        time.sleep(0.05)
+
+
+def test_usr1_and_an_external_requeue_checkpoint_requeue_and_resume_exactly(
         slurm, tmp_path, reference):
     run_dir = tmp_path / "run"
     job = job_id(submit(slurm, [*TINY, *LONGER, "--time", "30", "--run_dir", str(run_dir)],
                         tmp_path))
-    deadline = time.monotonic() + 120
-    while last_step(run_dir) < 2:
-        assert time.monotonic() < deadline, segment_log(run_dir)
-        time.sleep(0.05)
-    # What SLURM does --signal_lead seconds before the time limit (B: to the batch shell only).
+    # 1. What SLURM does --signal_lead seconds before the time limit (B: the batch shell only):
+    # the script creates the stop file, the run checkpoints, exits 75, the job requeues itself.
+    wait_for_progress(run_dir, 2)
     signalled = slurm.run("scancel", "--signal=USR1", "--batch", job)
     assert signalled.returncode == 0, signalled.stderr
+    deadline = time.monotonic() + 120
+    while "resumed from" not in segment_log(run_dir):
+        assert time.monotonic() < deadline, segment_log(run_dir)
+        time.sleep(0.05)
+    # 2. An external requeue: SLURM sends SIGTERM to the job's processes, and the workers save
+    # within KillWait; SLURM starts the job again.
+    stopped_at = read_status(run_dir)["step"]
+    wait_for_progress(run_dir, stopped_at + 2)
+    requeued = slurm.run("scontrol", "requeue", job)
+    assert requeued.returncode == 0, requeued.stderr
     fields = slurm.wait_job(job, timeout=180)
     log = segment_log(run_dir)
-    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", log
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "2", log
     assert "USR1 (time nearly up)" in log and "STOP: checkpoint saved at step" in log
-    assert "resumed from" in log
+    assert "SIGTERM: checkpoint saved at step" in log and log.count("resumed from") == 2
     assert not (run_dir / "STOP").exists()
     assert compared(run_dir) == reference(LONGER)
 
@@ -120,35 +137,6 @@ def test_a_job_array_from_a_sweep_file_trains_each_run_in_its_own_directory(slur
     assert compared(root / "s0") != compared(root / "s1")
 
 
-def test_two_srun_tasks_train_as_two_torchrun_workers(slurm, tmp_path, reference):
-    run_dir = tmp_path / "run"
-    job = job_id(submit(slurm, [*TINY, *RUN, "--tasks_per_node", "2", "--time", "30",
-                                "--run_dir", str(run_dir)], tmp_path))
-    fields = slurm.wait_job(job, timeout=180)
-    assert fields["JobState"] == "COMPLETED", segment_log(run_dir)
-    assert "2 process(es), backend ddp" in segment_log(run_dir)
-    assert compared(run_dir) == reference(RUN, torchrun=2)
-
-
-def test_an_external_requeue_checkpoints_on_sigterm_and_resumes_exactly(slurm, tmp_path,
-                                                                         reference):
-    run_dir = tmp_path / "run"
-    job = job_id(submit(slurm, [*TINY, *LONGER, "--time", "30", "--run_dir", str(run_dir)],
-                        tmp_path))
-    deadline = time.monotonic() + 120
-    while last_step(run_dir) < 2:
-        assert time.monotonic() < deadline, segment_log(run_dir)
-        time.sleep(0.05)
-    # SLURM sends SIGTERM to the job's processes; the workers save within KillWait.
-    requeued = slurm.run("scontrol", "requeue", job)
-    assert requeued.returncode == 0, requeued.stderr
-    fields = slurm.wait_job(job, timeout=180)
-    log = segment_log(run_dir)
-    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", log
-    assert "SIGTERM: checkpoint saved at step" in log and "resumed from" in log
-    assert compared(run_dir) == reference(LONGER)
-
-
 def test_a_dependency_chain_continues_through_presubmitted_successors(slurm, tmp_path,
                                                                        reference):
     run_dir = tmp_path / "run"
@@ -166,3 +154,24 @@ def test_a_dependency_chain_continues_through_presubmitted_successors(slurm, tmp
     assert "the run is complete; nothing to do" in log and "requeueing" not in log
     assert [slurm.job(j)["JobState"] for j in jobs] == ["COMPLETED"] * 3
     assert compared(run_dir) == reference(RUN)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(munge):
+    """A cluster of two simulated nodes on this machine (two slurmd, own ports), named so that
+    both names resolve here: the master address comes from the job's node list."""
+    cluster = LocalSlurm(munge.directory.parent / "two-nodes", munge, name="twonodes",
+                         nodes=(socket.gethostname(), "localhost"))
+    yield cluster
+    cluster.stop()
+
+
+def test_a_two_node_job_trains_as_two_torchrun_workers(two_nodes, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    job = job_id(submit(two_nodes, [*TINY, *RUN, "--nodes", "2", "--time", "30",
+                                    "--run_dir", str(run_dir)], tmp_path))
+    fields = two_nodes.wait_job(job, timeout=180)
+    log = segment_log(run_dir)
+    assert fields["JobState"] == "COMPLETED" and fields["NumNodes"] == "2", log
+    assert "2 process(es), backend ddp" in log
+    assert compared(run_dir) == reference(RUN, torchrun=2)
