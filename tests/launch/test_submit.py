@@ -120,3 +120,32 @@ def test_submit_without_sbatch_says_where_to_run(tmp_path, capsys, monkeypatch):
     assert cli.main(["submit", *TINY, "--run_dir", str(tmp_path / "r")]) == 2
     assert "sbatch is not installed here" in capsys.readouterr().err
     assert (tmp_path / "r" / "slurm" / "submit.sbatch").exists()  # written, ready to sbatch
+
+
+def test_a_profile_fills_the_script_and_caps_the_micro_batch(tmp_path, capsys):
+    registry = tmp_path / "clusters.yaml"
+    registry.write_text(
+        "clusters:\n"
+        "  - name: big\n"
+        "    partition: gpu\n"
+        "    account: lab\n"
+        "    gpu_type: a100\n"
+        "    gpus_per_node: 2\n"
+        "    cpus_per_gpu: 6\n"
+        "    max_time: '12:00:00'\n"
+        "    setup: ['module load python/3.12', 'source ~/venv/bin/activate']\n"
+        "    sbatch_extra: ['--constraint=a100']\n"
+        "    micro_batch_caps: {2: 1}\n")
+    code = cli.main(["submit", *TINY, "--run_dir", str(tmp_path / "r"), "--cluster", "big",
+                     "--clusters", str(registry), "--dry_run"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("# cluster: big")
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=lab", "#SBATCH --time=12:00:00",
+                 "#SBATCH --gpus-per-node=2", "#SBATCH --cpus-per-task=6",
+                 "#SBATCH --constraint=a100", "module load python/3.12", "PYTHON=python"):
+        assert line in out, line
+    # --batch_size 4 over 2 GPUs is 2 per GPU, over the cap of 1: halved, accumulation doubled
+    assert "--batch_size 2 --acc_steps 4)" in out
+    assert cli.main(["submit", *TINY, "--run_dir", str(tmp_path / "r"), "--cluster", "big",
+                     "--clusters", str(registry), "--batch_size", "6", "--dry_run"]) == 2
+    assert "halving it does not split evenly" in capsys.readouterr().err
