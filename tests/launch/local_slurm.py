@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -66,9 +67,20 @@ class LocalSlurm:
     """One cluster: a controller and `nodes` slurmd daemons (simulated nodes on this machine)."""
 
     def __init__(self, directory: Path, munge: Munge, name: str = "local",
-                 nodes: tuple[str, ...] = ("n1",), cpus: int = 2, gres: str = ""):
+                 nodes: tuple[str, ...] = ("n1",), cpus: int = 2, gpus: int = 0):
         self.directory, self.name, self.nodes = directory, name, nodes
         directory.mkdir(parents=True, exist_ok=True)
+        gres = f"gpu:h100:{gpus}" if gpus else ""
+        if gpus:
+            # Fake GPUs: character devices for gres.conf's File= (SLURM only checks they exist).
+            lines = []
+            for node in nodes:
+                for index in range(gpus):
+                    device = directory / f"fakegpu-{node}-{index}"
+                    if not device.exists():
+                        os.mknod(device, 0o600 | stat.S_IFCHR, os.makedev(195, index))
+                    lines.append(f"NodeName={node} Name=gpu Type=h100 File={device}")
+            (directory / "gres.conf").write_text("\n".join(lines) + "\n")
         self.conf = directory / "slurm.conf"
         self.controller_port = free_port()
         self.processes: dict[str, subprocess.Popen] = {}

@@ -91,3 +91,28 @@ def test_a_stopped_controller_is_unavailable_not_idle(two_clusters, tmp_path):
         assert time.monotonic() - started < 30
     finally:
         alpha.stop()
+
+
+def test_free_gpus_are_counted_on_half_used_nodes(munge, tmp_path):
+    """Fake GPUs through GRES: a node with one of its two GPUs taken is not idle (%F counts it
+    allocated) but still has room for a one-GPU job."""
+    cluster = LocalSlurm(munge.directory.parent / "gpus", munge, name="gpus",
+                         nodes=(socket.gethostname(),), gpus=2)
+    try:
+        registry = parse_registry([{"name": "gpus", "gpus_per_node": 2,
+                                    "slurm_conf": str(cluster.conf)}])
+        profile = registry.get("gpus")
+        assert query_capacity(profile, gpus=True).free_gpus_per_node == [2]
+        holder = cluster.run("sbatch", "--parsable", "--gpus-per-node=1", "-n", "1",
+                             "-o", "/dev/null", "--wrap", "sleep 300").stdout.strip()
+        deadline = time.monotonic() + 30
+        while cluster.job(holder).get("JobState") != "RUNNING":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        capacity = query_capacity(profile, gpus=True)
+        assert capacity.idle_nodes == 0 and capacity.free_gpus_per_node == [1]
+        assert capacity.can_hold(1, 1) and not capacity.can_hold(1, 2)
+        assert choose_cluster(registry, 1, 1, timeout=5)[1].startswith("gpus (auto: first")
+        cluster.run("scancel", holder)
+    finally:
+        cluster.stop()
