@@ -106,6 +106,7 @@ def test_sweeps_expand_in_order_with_readable_names():
     (["--batch_size", "3", "--tasks_per_node", "2"], "does not split over 2"),
     (["--cluster", "nowhere", "--clusters", "/nonexistent.yaml"], "no cluster registry"),
     (["--array", "/nonexistent.yaml"], "cannot read the sweep file"),
+    (["--time", "5", "--signal_lead", "300"], "every segment would stop as it starts"),
 ])
 def test_refusals_are_one_sentence_and_exit_2(tmp_path, capsys, args, message):
     # In-process through the CLI's own entry point (the dry-run test above runs it as a process).
@@ -149,3 +150,9 @@ def test_a_profile_fills_the_script_and_caps_the_micro_batch(tmp_path, capsys):
     assert cli.main(["submit", *TINY, "--run_dir", str(tmp_path / "r"), "--cluster", "big",
                      "--clusters", str(registry), "--batch_size", "6", "--dry_run"]) == 2
     assert "halving it does not split evenly" in capsys.readouterr().err
+
+
+def test_slurm_time_limits_are_read_as_sbatch_reads_them():
+    cases = {"30": 1800, "30:15": 1815, "2:00:00": 7200, "1-0": 86400, "1-2:30": 95400,
+             "1-02:00:05": 93605, "infinite": None, "": None, "1:2:3:4": None}
+    assert {text: slurm.time_limit_seconds(text) for text in cases} == cases

@@ -72,6 +72,7 @@ def main(argv: list[str]) -> int:
                         "--gpus_per_node (or --tasks_per_node) instead of --nproc.")
     profile, choice = choose_profile(args)
     job = plan_job(args, train_argv, profile)
+    slurm.check_signal_lead(job.time, job.signal_lead)
     script = slurm.render_script(job)
     if args.dry_run:
         print(f"# cluster: {choice}")

@@ -224,6 +224,42 @@ exit "$CODE"
 """
 
 
+def time_limit_seconds(text: str) -> int | None:
+    """Seconds of a SLURM time limit (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`); None when
+    it is empty, `infinite` or not understood (sbatch then judges it)."""
+    text = text.strip()
+    days = 0
+    if "-" in text:
+        head, _, text = text.partition("-")
+        if not head.isdigit():
+            return None
+        days = int(head)
+    parts = text.split(":") if text else []
+    if not parts or not all(part.isdigit() for part in parts) or len(parts) > 3:
+        return None
+    numbers = [int(part) for part in parts]
+    if days:  # D-H, D-H:M, D-H:M:S
+        hours, minutes, seconds = (numbers + [0, 0])[:3]
+    elif len(numbers) == 1:
+        hours, minutes, seconds = 0, numbers[0], 0
+    elif len(numbers) == 2:
+        hours, minutes, seconds = 0, numbers[0], numbers[1]
+    else:
+        hours, minutes, seconds = numbers
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def check_signal_lead(time_limit: str, signal_lead: int) -> None:
+    """The checkpoint signal must come before the time limit with time to train first."""
+    seconds = time_limit_seconds(time_limit) if time_limit else None
+    if signal_lead < 0:
+        raise UserError(f"--signal_lead {signal_lead} must be a number of seconds >= 0.")
+    if seconds is not None and signal_lead >= seconds:
+        raise UserError(f"--signal_lead {signal_lead} s is not shorter than --time {time_limit} "
+                        f"({seconds} s): every segment would stop as it starts; lengthen --time or "
+                        f"shorten --signal_lead.")
+
+
 # ----------------------------------------------------------------------------------------------
 # Submitting
 
