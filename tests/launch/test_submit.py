@@ -136,11 +136,15 @@ def test_a_profile_fills_the_script_and_caps_the_micro_batch(tmp_path, capsys):
         "    max_time: '12:00:00'\n"
         "    setup: ['module load python/3.12', 'source ~/venv/bin/activate']\n"
         "    sbatch_extra: ['--constraint=a100']\n"
-        "    micro_batch_caps: {2: 1}\n")
-    code = cli.main(["submit", *TINY, "--run_dir", str(tmp_path / "r"), "--cluster", "big",
-                     "--clusters", str(registry), "--dry_run"])
+        "    micro_batch_caps: {2: 1}\n"
+        f"    results_dir: {tmp_path / 'results'}\n"
+        "    scratch: /local/$USER\n")
+    code = cli.main(["submit", *TINY, "--cluster", "big", "--clusters", str(registry),
+                     "--dry_run"])
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("# cluster: big")
+    assert f"RUN_DIR={tmp_path / 'results'}/synthetic-enoki-h2-adana-lr0.003-b8x32-" in out
+    assert "export SLURM_TMPDIR=/local/$USER" in out
     for line in ("#SBATCH --partition=gpu", "#SBATCH --account=lab", "#SBATCH --time=12:00:00",
                  "#SBATCH --gpus-per-node=2", "#SBATCH --cpus-per-task=6",
                  "#SBATCH --constraint=a100", "module load python/3.12", "PYTHON=python"):

@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--launcher", choices=slurm.LAUNCHERS, default="srun",
         help="srun: one task per GPU, ranks from SLURM (default); torchrun: one task per node")
     add("--array", metavar="SWEEP.yaml", help="a sweep file: one job array, task i trains run i")
-    add("--runs_root", default="runs", help="where an --array sweep's run directories go")
+    add("--runs_root", default=None, help="where run directories go when no --run_dir is given "
+        "(default: the profile's results_dir, else runs)")
     add("--dry_run", action="store_true", help="print the script and the cluster choice; submit "
         "nothing")
     return parser
@@ -125,7 +126,7 @@ def plan_job(args, train_argv: list[str], profile) -> slurm.Job:
 
     if args.array:
         sweep = load_sweep(args.array)
-        root = Path(args.runs_root).resolve() / sweep.name
+        root = runs_root(args, profile) / sweep.name
         runs = []
         for point in sweep.points():
             point_argv = [*train_argv, *point.train_argv()]
@@ -136,7 +137,8 @@ def plan_job(args, train_argv: list[str], profile) -> slurm.Job:
         name, home = sweep.name, root
     else:
         config, _ = load_config(train_argv)
-        run_dir = Path(config.logging.run_dir or default_run_dir(config)).resolve()
+        run_dir = Path(config.logging.run_dir).expanduser().resolve() if config.logging.run_dir \
+            else runs_root(args, profile) / default_run_dir(config).name
         runs = [(run_dir, finish_run(train_argv, run_dir, world, profile, None,
                                      write=not args.dry_run))]
         name, home = run_dir.name, run_dir
@@ -161,7 +163,7 @@ def plan_job(args, train_argv: list[str], profile) -> slurm.Job:
         signal_lead=setting(args.signal_lead, "signal_lead", 300),
         max_restarts=setting(args.max_restarts, "max_restarts", 100),
         chain=args.chain, launcher=args.launcher,
-        setup=list(profile.setup) if profile else [],
+        setup=setup_lines(profile),
         sbatch_extra=list(profile.sbatch_extra) if profile else [],
         cluster=profile.name if profile else "",
     )
@@ -210,3 +212,20 @@ def without_run_dir(argv: list[str]) -> list[str]:
         elif not argument.startswith(("--run_dir=", "logging.run_dir=")):
             result.append(argument)
     return result
+
+
+def runs_root(args, profile) -> Path:
+    """Where run directories go: --runs_root, else the profile's results_dir, else ./runs."""
+    root = args.runs_root or (profile.results_dir if profile and profile.results_dir else "runs")
+    return Path(root).expanduser().resolve()
+
+
+def setup_lines(profile) -> list[str]:
+    """The profile's setup lines, and its scratch as the node-local staging disk for
+    checkpoints (what $SLURM_TMPDIR is where the cluster provides it)."""
+    if profile is None:
+        return []
+    lines = list(profile.setup)
+    if profile.scratch and profile.scratch.strip() not in ("$SLURM_TMPDIR", "${SLURM_TMPDIR}"):
+        lines.append(f"export SLURM_TMPDIR={profile.scratch}  # the profile's scratch")
+    return lines

@@ -18,7 +18,8 @@ FILE`): a list of profiles, or a mapping with a `clusters:` list and an optional
         priority: 1            # lower first
         setup: ["module load python/3.12", "source ~/venvs/danastar/bin/activate"]
         sbatch_extra: ["--constraint=h100"]
-        scratch: $SLURM_TMPDIR
+        results_dir: ~/scratch/runs   # where run directories go (default ./runs)
+        scratch: $SLURM_TMPDIR        # node-local disk that checkpoints are staged on
         signal_lead: 300
         max_restarts: 100
 
