@@ -85,7 +85,7 @@ def test_a_stopped_controller_is_unavailable_not_idle(two_clusters, tmp_path):
     alpha.processes["slurmctld"].wait()
     try:
         started = time.monotonic()
-        capacity = query_capacity(registry.get("alpha"), gpus=False, timeout=5)
+        capacity = query_capacity(registry.get("alpha"), gpus=False, timeout=3)
         assert not capacity.available and capacity.error
         assert chosen(registry) == "beta"
         assert time.monotonic() - started < 30
