@@ -160,11 +160,15 @@ def main(argv=None):
                         help="skip the multi-pass paths (reference, foreach) above this size "
                              "(default: 1e7 on CPU, where they take seconds; none on CUDA)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--inductor", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="torch._inductor.config settings for the compiled paths, e.g. "
+                             "combo_kernels=True (values are Python literals)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    inductor_settings = set_inductor_config(args.inductor)
 
     gpu = device.type == "cuda"
     if args.max_slow_size is None:
@@ -188,6 +192,7 @@ def main(argv=None):
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "device": device.type, "machine": machine_description(device),
         "torch": torch.__version__, "copy_gb_per_s": copy, "rows": rows,
+        "inductor_config": inductor_settings,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
@@ -195,6 +200,20 @@ def main(argv=None):
           f"copy bandwidth {copy:.1f} GB/s at {largest:,d} floats\n")
     print(markdown_table(rows))
     print(f"\nwritten to {out}")
+
+
+def set_inductor_config(settings: list[str]) -> dict:
+    """Apply ``KEY=VALUE`` settings to torch._inductor.config; returns them as a dict."""
+    import ast
+
+    import torch._inductor.config as inductor_config
+
+    applied = {}
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        applied[key] = ast.literal_eval(value)
+        setattr(inductor_config, key, applied[key])
+    return applied
 
 
 def measure_size(args, device, size: int, dtype: torch.dtype) -> list[dict]:

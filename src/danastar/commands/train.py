@@ -81,7 +81,15 @@ def planned_vocab_size(dataset: str) -> tuple[int, str]:
     for directory in (path, prepare.default_data_dir(dataset)):
         layout = prepared_format(directory) if directory.is_dir() else None
         if layout == "meta":
-            meta = json.loads((directory / META_FILE).read_text())
+            meta = prepare.read_meta(directory)
+            if meta is None or not isinstance(meta.get("vocab_size"), int):
+                if dataset in prepare.AUTO_PREPARED and directory != path:
+                    continue  # training prepares this default directory again before it starts
+                from danastar.data.prepared import repair_command
+                from danastar.errors import UserError
+
+                raise UserError(f"{directory / META_FILE} is unreadable; repair the directory "
+                                f"with {repair_command(directory, meta)}.")
             return int(meta["vocab_size"]), f"{directory / META_FILE}"
         if layout == "raw":
             return gpt2_vocab_size, "raw GPT-2 train.bin/val.bin"

@@ -21,7 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from danastar.data.prepared import META_FILE, RAW_META, prepared_format
+from danastar.data.prepared import (
+    META_FILE,
+    RAW_META,
+    check_contents,
+    meta_is_complete,
+    prepared_format,
+    repair_command,
+)
 from danastar.data.tokenizers import Tokenizer, load_tokenizer, token_dtype
 from danastar.errors import UserError
 
@@ -89,8 +96,12 @@ class TokenData:
     @classmethod
     def open(cls, path: str | Path) -> TokenData:
         """A prepared directory (with `meta.json`), or the original release's raw
-        `train.bin`/`val.bin`
-        (uint16 GPT-2 tokens)."""
+        `train.bin`/`val.bin` (uint16 GPT-2 tokens).
+
+        Every file gets the size check; each file's content check (largest id against the
+        vocabulary, and its checksum when `meta.json` records one) runs once and is cached
+        (`danastar.data.prepared`). A problem is refused with the command that repairs it.
+        """
         directory = Path(path).expanduser()
         if directory.name == META_FILE:
             directory = directory.parent
@@ -104,37 +115,43 @@ class TokenData:
         if layout == "meta":
             try:
                 meta = json.loads(meta_path.read_text())
-            except json.JSONDecodeError as error:
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
                 raise UserError(
-                    f"{meta_path} is not valid JSON ({error}); prepare the data again."
+                    f"{meta_path} is not valid JSON ({error}); repair the directory with "
+                    f"{repair_command(directory, None)}."
                 ) from None
+            if not isinstance(meta, dict):
+                meta = {}
             missing = [key for key in REQUIRED_META_KEYS if key not in meta]
             if missing:
                 raise UserError(
-                    f"{meta_path} lacks {', '.join(missing)}; prepare the data again with "
-                    "`danastar "
-                    ""
-                    ""
-                    ""
-                    ""
-                    ""
-                    "prepare`."
+                    f"{meta_path} lacks {', '.join(missing)}; repair the directory with "
+                    f"{repair_command(directory, meta)}."
+                )
+            repair = f"repair it with {repair_command(directory, meta)}"
+            _check_dtype(meta, directory, repair)
+            if not meta_is_complete(meta):
+                raise UserError(
+                    f"{meta_path} does not describe its token files as `danastar prepare` "
+                    f"writes them; {repair}."
                 )
         elif layout == "raw":
             meta = dict(
                 RAW_META,
                 **{f"{split}_files": [{"file": f"{split}.bin"}] for split in ("train", "val")},
             )
+            repair = "restore the file or prepare the corpus with `danastar prepare`"
         else:
             raise UserError(
                 f"{str(directory)!r} has neither meta.json nor train.bin/val.bin; prepare it with "
                 f"`danastar prepare SOURCE --out {directory}`."
             )
 
-        dtype = _check_dtype(meta, directory)
+        dtype = _check_dtype(meta, directory, repair)
         splits = {
             split: [
-                _map_file(directory, entry, dtype, meta_path) for entry in meta[f"{split}_files"]
+                _map_file(directory, entry, dtype, meta_path, repair)
+                for entry in meta[f"{split}_files"]
             ]
             for split in ("train", "val")
         }
@@ -149,9 +166,10 @@ class TokenData:
             if expected != total:
                 raise UserError(
                     f"{meta_path} says {expected:,} {split} tokens but the files hold {total:,}; "
-                    "prepare the data again."
+                    f"{repair}."
                 )
             meta[f"{split}_tokens"] = total
+        _check_contents(directory, meta, dtype, repair)
         val = splits["val"][0] if len(splits["val"]) == 1 else np.concatenate(splits["val"])
         return cls(splits["train"], val, meta, directory)
 
@@ -189,44 +207,80 @@ class TokenData:
         return cls([tokens[:num_tokens]], tokens[num_tokens:], meta)
 
 
-def _check_dtype(meta: dict, directory: Path) -> np.dtype:
+def _check_dtype(meta: dict, directory: Path, repair: str) -> np.dtype:
     if meta["dtype"] not in ("uint16", "uint32"):
         raise UserError(
-            f"token dtype {meta['dtype']!r} in {directory} is not uint16 or uint32; prepare the "
-            "data again."
+            f"token dtype {meta['dtype']!r} in {directory} is not uint16 or uint32; {repair}."
+        )
+    if not isinstance(meta["vocab_size"], int) or meta["vocab_size"] < 1:
+        raise UserError(
+            f"vocabulary size {meta['vocab_size']!r} in {directory} is not a positive whole "
+            f"number; {repair}."
         )
     dtype = np.dtype(meta["dtype"]).newbyteorder("<")  # token files are little-endian
     if meta["vocab_size"] > np.iinfo(dtype).max + 1:
         raise UserError(
             f"vocabulary size {meta['vocab_size']:,} does not fit the {meta['dtype']} token files "
-            f"in {directory}; "
-            f"prepare the data again (it will use uint32)."
+            f"in {directory}; prepare the data again (it will use uint32)."
         )
     return dtype
 
 
-def _map_file(directory: Path, entry: dict, dtype: np.dtype, meta_path: Path) -> np.ndarray:
+def _map_file(
+    directory: Path, entry: dict, dtype: np.dtype, meta_path: Path, repair: str
+) -> np.ndarray:
     path = directory / entry["file"]
     if not path.is_file():
-        raise UserError(
-            f"token file {path} is missing; prepare the data again or restore the file."
-        )
+        raise UserError(f"token file {path} is missing; {repair}.")
     size = path.stat().st_size
     if size == 0:
-        raise UserError(f"token file {path} is empty; prepare the data again.")
+        raise UserError(f"token file {path} is empty; {repair}.")
     if size % dtype.itemsize:
         raise UserError(
-            f"token file {path} ({size} bytes) is not a whole number of {dtype.name} tokens; "
-            f"it is truncated or meta.json has the wrong dtype: prepare the data again."
+            f"token file {path} ({size} bytes) is not a whole number of {dtype.name} tokens, "
+            f"so it is truncated or meta.json has the wrong dtype; {repair}."
         )
     tokens = np.memmap(path, dtype=dtype, mode="r")
     if "tokens" in entry and entry["tokens"] != len(tokens):
         raise UserError(
             f"{meta_path} says {entry['file']} holds {entry['tokens']:,} tokens but it holds "
-            f"{len(tokens):,}; "
-            f"prepare the data again."
+            f"{len(tokens):,}; {repair}."
+        )
+    if "bytes" in entry and entry["bytes"] != size:
+        raise UserError(
+            f"{meta_path} says {entry['file']} has {entry['bytes']:,} bytes but it has "
+            f"{size:,}; {repair}."
         )
     return tokens
+
+
+def _check_contents(directory: Path, meta: dict, dtype: np.dtype, repair: str) -> None:
+    """The content check of every file (cached per file): its checksum when `meta.json` records
+    one, and its largest id against the vocabulary the model is built with. An id beyond the
+    vocabulary would otherwise fail deep inside the embedding (a device assert on CUDA)."""
+    entries = [*meta["train_files"], *meta["val_files"]]
+    records = check_contents(directory, entries, dtype)
+    vocab_size = int(meta["vocab_size"])
+    for entry in entries:
+        record, path = records[entry["file"]], directory / entry["file"]
+        if "sha256" in entry and record.get("sha256") != entry["sha256"]:
+            raise UserError(
+                f"token file {path} does not match its checksum in meta.json (it is damaged or "
+                f"was altered); {repair}."
+            )
+        if record["max_id"] >= vocab_size:
+            if meta.get("format") == "raw":
+                fix = (
+                    "raw train.bin/val.bin are read as GPT-2 tokens, so prepare this corpus "
+                    "with `danastar prepare SOURCE --out DIR --tokenizer NAME` (its meta.json "
+                    "then names the tokenizer) and pass DIR"
+                )
+            else:
+                fix = f"the file and meta.json disagree, so {repair}"
+            raise UserError(
+                f"token file {path} holds token id {record['max_id']:,} but the model's "
+                f"vocabulary has {vocab_size:,} ids (0 to {vocab_size - 1:,}); {fix}."
+            )
 
 
 def _uniform_tokens(vocab_size: int, count: int, rng: np.random.Generator) -> np.ndarray:

@@ -8,25 +8,41 @@ Documents are tokenised in worker processes, shard by shard. Each finished shard
 place and recorded in `.prepare_state.json`, so an interrupted preparation resumes at the first
 unfinished shard and produces the same files as an uninterrupted one. `meta.json` is written last:
 a directory with a `meta.json` is complete.
+
+`meta.json` records each file's size, SHA-256 and largest id. Preparing into an existing output
+verifies every file against it and rebuilds what is damaged or missing (through the same
+resumable path), so "prepare again" is always the repair.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import multiprocessing
 import os
+import shlex
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from danastar import __version__
-from danastar.data.prepared import META_FILE, prepared_format
+from danastar.data.prepared import (
+    META_FILE,
+    check_contents,
+    content_problem,
+    meta_is_complete,
+    prepared_format,
+    remember_checked,
+    scan_tokens,
+    size_problem,
+)
 from danastar.data.sources import SOURCES, Corpus, Shard, cache_dir, open_source
 from danastar.data.tokenizers import Tokenizer, load_tokenizer, token_dtype, train_bpe
-from danastar.durable import atomic_path, copy_atomic, write_atomic
+from danastar.durable import atomic_path, copy_atomic, sha256, write_atomic
 from danastar.errors import UserError
 
 STATE_FILE = ".prepare_state.json"
@@ -50,18 +66,27 @@ def is_prepared(directory: Path) -> bool:
 def ensure_prepared(name_or_dir: str | os.PathLike) -> Path:
     """A prepared data directory: the path itself if prepared, else the named source's default one.
 
-    `shakespeare` is prepared on first use. Several processes (e.g. the ranks of one job) may call
-    this at once: an exclusive file lock lets one prepare while the others wait, and the others
-    then find `meta.json` in place.
+    `shakespeare` is prepared on first use, and prepared again where its default directory is
+    found damaged (the check costs milliseconds for this corpus). Several processes (e.g. the ranks
+    of one job) may call this at once: an exclusive file lock lets one prepare while the others
+    wait, and the others then find `meta.json` in place.
     """
     path = Path(name_or_dir).expanduser()
     if path.is_dir() and is_prepared(path):
-        return path
+        return path  # a directory given by the user: the loader verifies it when it opens it
     name = str(name_or_dir)
     directory = default_data_dir(name) if name in SOURCES else None
     if directory is not None and is_prepared(directory):
-        return directory  # a named source prepared earlier into its default directory
+        if name not in AUTO_PREPARED or not damage(directory):
+            return directory  # a named source prepared earlier into its default directory
     if name not in AUTO_PREPARED:
+        if (path / STATE_FILE).is_file():
+            recorded = _read_json(path / STATE_FILE).get("command")
+            rerun = f"`{recorded} --out {name}`" if recorded else "the `danastar prepare` command"
+            raise UserError(
+                f"{name!r} holds an unfinished preparation; run {rerun} again to finish it (it "
+                "resumes where it stopped)."
+            )
         if path.exists():
             raise UserError(
                 f"{name!r} holds no meta.json (nor train.bin/val.bin); prepare it with `danastar "
@@ -82,9 +107,57 @@ def ensure_prepared(name_or_dir: str | os.PathLike) -> Path:
 
     with open(directory.parent / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not is_prepared(directory):
-            prepare_source(name, directory)
+        if not is_prepared(directory) or damage(directory):
+            prepare_source(name, directory)  # prepares, or verifies and rebuilds what is damaged
     return directory
+
+
+def damage(directory: Path, meta: dict | None = None) -> dict[str, str]:
+    """What is damaged in a prepared directory: file name -> the problem (empty: nothing).
+
+    Every file is read in full (size, checksum, largest id against the vocabulary): a few
+    milliseconds for Shakespeare, about 2 s per GB (SHA-256) for large corpora.
+    """
+    if meta is None:
+        meta = read_meta(directory)
+        if meta is None:
+            return {META_FILE: f"{META_FILE} is unreadable"}
+    if not meta_is_complete(meta):
+        return {META_FILE: f"{META_FILE} lacks what a complete preparation records"}
+    dtype = np.dtype(meta["dtype"])
+    entries = [*meta["train_files"], *meta["val_files"]]
+    problems = {e["file"]: size_problem(directory, e, dtype) for e in entries}
+    intact_size = [e for e in entries if problems[e["file"]] is None]  # only these are read
+    records = check_contents(directory, intact_size, dtype, fresh=True)
+    for entry in intact_size:
+        problems[entry["file"]] = content_problem(entry, records[entry["file"]],
+                                                  meta["vocab_size"])
+    tokenizer_file = meta.get("tokenizer_file")
+    if tokenizer_file and "tokenizer_sha256" in meta:
+        path = directory / tokenizer_file
+        if not path.is_file():
+            problems[tokenizer_file] = f"{tokenizer_file} is missing"
+        elif sha256(path) != meta["tokenizer_sha256"]:
+            problems[tokenizer_file] = f"{tokenizer_file} does not match its checksum"
+    return {name: problem for name, problem in problems.items() if problem}
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object from a file; empty when the file is unreadable."""
+    try:
+        content = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return content if isinstance(content, dict) else {}
+
+
+def read_meta(directory: Path) -> dict | None:
+    """The content of `meta.json`; None when it is not a readable JSON object."""
+    try:
+        meta = json.loads((directory / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def prepare_source(
@@ -101,11 +174,13 @@ def prepare_source(
 
     `tokenizer`: a `load_tokenizer` spec, or `bpe` to train a byte-level BPE of `vocab_size` on the
     train split (the default for Shakespeare). Source options are those of `sources.open_source`.
+    An existing output of the same request is verified, and what is damaged or missing rebuilt.
     """
     out = Path(out_dir).expanduser()
+    _check_out(out)
     workers = _worker_count(workers)  # checked before any long work
     corpus = open_source(source, **source_options)
-    out.mkdir(parents=True, exist_ok=True)
+    _make_out(out)
     spec = tokenizer or corpus.default_tokenizer
     if spec != "bpe" and vocab_size is not None:
         raise UserError(
@@ -118,13 +193,27 @@ def prepare_source(
         if spec == "bpe"
         else spec,
     }
+    command = _command(source, tokenizer, vocab_size, source_options)
     if (out / META_FILE).is_file():
-        meta = json.loads((out / META_FILE).read_text())
-        if {key: meta.get(key) for key in request} == request:
-            return meta  # already prepared
-        raise UserError(
-            f"{out} already holds data prepared differently; choose another --out or delete it."
-        )
+        meta = read_meta(out)
+        if meta is None:
+            # Nothing says what the directory held: keep the unreadable file, prepare afresh.
+            kept = out / f"{META_FILE}.corrupt"
+            os.replace(out / META_FILE, kept)
+            _say(f"{out / META_FILE} is unreadable (kept as {kept.name}); preparing {out} again")
+        elif {key: meta.get(key) for key in request} != request:
+            raise UserError(
+                f"{out} already holds data prepared differently; choose another --out or delete it."
+            )
+        else:
+            problems = damage(out, meta)
+            if not problems:
+                if not _records_complete(meta):  # written before meta.json held checksums
+                    meta = _add_checksums(out, meta, command)
+                remember_checked(out, [*meta["train_files"], *meta["val_files"]])
+                return meta  # already prepared, and intact
+            _say(f"{out}: {'; '.join(problems.values())}; rebuilding what is damaged")
+            _start_repair(out, meta, request, corpus, problems)
     state = _read_state(out)
     if state is not None and state["request"] != request:
         raise UserError(
@@ -135,6 +224,7 @@ def prepare_source(
         spec, vocab_size or corpus.default_vocab_size, corpus, out, resume=state is not None
     )
     state = state or {"request": request, "shards": {}}
+    state["command"] = command  # named to whoever finds the preparation unfinished
     dtype = token_dtype(tok.vocab_size)
 
     total = (
@@ -153,16 +243,114 @@ def prepare_source(
             state["shards"][shard.name] = _write_shard(shard, tokenise, out, dtype, bar)
             _write_json_atomic(out / STATE_FILE, state)
 
-    meta = _meta(request, tok, tokenizer_file, state["shards"], corpus.shards)
+    meta = _meta(request, tok, tokenizer_file, state["shards"], corpus.shards, out, command)
     for split in ("train", "val"):
         if meta[f"{split}_tokens"] == 0:
             raise UserError(
                 f"the {split} split of {source!r} is empty; give more documents or adjust "
                 "--val_fraction."
             )
+        for entry in meta[f"{split}_files"]:
+            if entry["max_id"] >= tok.vocab_size:  # a tokenizer that breaks its own contract
+                raise RuntimeError(f"{entry['file']} holds id {entry['max_id']} but the "
+                                   f"tokenizer {tok.name} has {tok.vocab_size} ids")
     _write_json_atomic(out / META_FILE, meta)
     (out / STATE_FILE).unlink()
+    remember_checked(out, [*meta["train_files"], *meta["val_files"]])
     return meta
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an output path that cannot be a directory, before any long work."""
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "is" if path == out else f"lies under {path}, which is"
+                raise UserError(f"--out {out} {where} a file, not a directory; give a directory.")
+            return
+
+
+def _make_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(
+            f"cannot create the output directory {out} ({error.strerror}); give a writable --out."
+        ) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UserError(f"the output directory {out} is not writable; give a writable --out.")
+
+
+def _say(message: str) -> None:
+    print(f"danastar prepare: {message}", file=sys.stderr, flush=True)
+
+
+def _command(source: str, tokenizer: str | None, vocab_size: int | None, options: dict) -> str:
+    """The `danastar prepare` command that makes this output (without `--out`, so two outputs of
+    one request record the same text); messages add `--out DIR` to name the repair."""
+    if source not in SOURCES:
+        source = str(Path(source).expanduser().resolve())
+    parts = ["danastar", "prepare", source]
+    if tokenizer is not None:
+        parts += ["--tokenizer", str(tokenizer)]
+    if vocab_size is not None:
+        parts += ["--vocab_size", str(vocab_size)]
+    for key in sorted(options):
+        value = options[key]
+        values = value if isinstance(value, (list, tuple)) else [value]
+        parts += [f"--{key}", *map(str, values)]
+    return shlex.join(parts)
+
+
+def _records_complete(meta: dict) -> bool:
+    # Per-file document counts are not required: an older meta.json lacks them for good (a
+    # repair of such a directory rebuilds every shard).
+    return all({"bytes", "sha256", "max_id"} <= e.keys()
+               for e in [*meta["train_files"], *meta["val_files"]])
+
+
+def _add_checksums(out: Path, meta: dict, command: str) -> dict:
+    """Record sizes, checksums and largest ids in a `meta.json` written before it held them (its
+    files passed the size check). Document counts per file were not recorded then."""
+    for entry in [*meta["train_files"], *meta["val_files"]]:
+        path = out / entry["file"]
+        entry.update({key: value for key, value in
+                      _scan(path, meta["dtype"]).items() if key not in entry})
+    if meta.get("tokenizer_file") and (out / meta["tokenizer_file"]).is_file():
+        meta.setdefault("tokenizer_sha256", sha256(out / meta["tokenizer_file"]))
+    meta.setdefault("command", command)
+    _write_json_atomic(out / META_FILE, meta)
+    return meta
+
+
+def _scan(path: Path, dtype: str) -> dict:
+    return scan_tokens(path, np.dtype(dtype), checksum=True)
+
+
+def _start_repair(out: Path, meta: dict, request: dict, corpus: Corpus, problems: dict) -> None:
+    """Turn a damaged output into an unfinished preparation whose finished shards are the intact
+    files, so the resumable path rebuilds exactly what is damaged (and survives an interruption)."""
+    shards: dict = {}
+    tokenizer_file = meta.get("tokenizer_file")
+    intact_meta = META_FILE not in problems  # else its file list cannot be trusted
+    entries = ({Path(e["file"]).stem: e for e in [*meta["train_files"], *meta["val_files"]]}
+               if intact_meta else {})
+    # With another tokenizer, or without per-file document counts (an older meta.json), every
+    # shard is made again.
+    if (intact_meta and tokenizer_file not in problems
+            and all("documents" in e for e in entries.values())):
+        for shard in corpus.shards:
+            entry = entries.get(shard.name)
+            if entry is None:
+                shards[shard.name] = {"documents": 0, "tokens": 0}  # an empty shard has no file
+            elif entry["file"] not in problems:
+                shards[shard.name] = {key: entry[key] for key in
+                                      ("documents", "tokens", "bytes", "sha256", "max_id")}
+    if tokenizer_file in problems:
+        with contextlib.suppress(FileNotFoundError):
+            (out / tokenizer_file).unlink()  # made again (a trained BPE deterministically)
+    _write_json_atomic(out / STATE_FILE, {"request": request, "shards": shards})
+    (out / META_FILE).unlink()  # the directory is incomplete until the rebuilt meta.json is in
 
 
 def _resolve_tokenizer(
@@ -192,7 +380,13 @@ def _resolve_tokenizer(
 
 
 def _meta(
-    request: dict, tok: Tokenizer, tokenizer_file: str | None, records: dict, shards: list[Shard]
+    request: dict,
+    tok: Tokenizer,
+    tokenizer_file: str | None,
+    records: dict,
+    shards: list[Shard],
+    out: Path,
+    command: str,
 ) -> dict:
     meta = {
         "format": FORMAT,
@@ -201,17 +395,24 @@ def _meta(
         "dtype": token_dtype(tok.vocab_size),
         "eot_id": tok.eot_id,
         "tokenizer_file": tokenizer_file,
+        "tokenizer_sha256": sha256(out / tokenizer_file) if tokenizer_file else None,
         "tokenizer_library": tok.library,
         **request,
+        "command": command,
         "danastar_version": __version__,
     }
     for split in ("train", "val"):
         names = [s.name for s in shards if s.split == split]
-        files = [
-            {"file": f"{n}.bin", "tokens": records[n]["tokens"]}
-            for n in names
-            if records[n]["tokens"] > 0
-        ]
+        files = []
+        for name in names:
+            record = records[name]
+            if record["tokens"] == 0:
+                continue
+            if "sha256" not in record:  # finished by a version that did not record it
+                record.update(_scan(out / f"{name}.bin", meta["dtype"]))
+            files.append({"file": f"{name}.bin", "tokens": record["tokens"],
+                          "documents": record["documents"], "bytes": record["bytes"],
+                          "sha256": record["sha256"], "max_id": record["max_id"]})
         meta[f"{split}_files"] = files
         meta[f"{split}_tokens"] = sum(f["tokens"] for f in files)
         meta[f"{split}_documents"] = sum(records[n]["documents"] for n in names)
@@ -219,19 +420,29 @@ def _meta(
 
 
 def _write_shard(shard: Shard, tokenise: _Tokenise, out: Path, dtype: str, bar) -> dict:
-    """Tokenise one shard into `<name>.bin` (renamed into place when complete); its counts."""
-    documents = tokens = 0
+    """Tokenise one shard into `<name>.bin` (renamed into place when complete); its counts, size,
+    checksum and largest id (computed on the way, so verifying it later needs no second pass)."""
+    documents = tokens = size = 0
+    largest = -1
+    digest = hashlib.sha256()
     with atomic_path(out / f"{shard.name}.bin") as temporary:
         with open(temporary, "wb") as f:
             for batch_documents, ids in tokenise(_text_batches(shard.read())):
-                f.write(ids.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes())
+                data = ids.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes()
+                f.write(data)
+                digest.update(data)
+                size += len(data)
+                if len(ids):
+                    largest = max(largest, int(ids.max()))
                 documents += batch_documents
                 tokens += len(ids)
                 bar.update(batch_documents)
                 bar.set_postfix(tokens=f"{tokens:,}", shard=shard.name, refresh=False)
         if tokens == 0:
             temporary.unlink()  # an empty shard (e.g. no validation document in it) leaves no file
-    return {"documents": documents, "tokens": tokens}
+            return {"documents": documents, "tokens": 0}
+    return {"documents": documents, "tokens": tokens, "bytes": size,
+            "sha256": digest.hexdigest(), "max_id": largest}
 
 
 def _text_batches(
@@ -343,12 +554,31 @@ def _read_state(out: Path) -> dict | None:
     path = out / STATE_FILE
     if not path.is_file():
         return None
-    state = json.loads(path.read_text())
-    # A shard counts as finished only if its file is still there (empty shards have none).
+    try:
+        state = json.loads(path.read_text())
+        shards = state["shards"]
+        if not isinstance(state["request"], dict) or not all(
+            isinstance(r.get("tokens"), int) and isinstance(r.get("documents"), int)
+            for r in shards.values()
+        ):
+            raise TypeError
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        # Only a resume aid: without it the preparation starts over, which loses no result.
+        kept = out / f"{STATE_FILE}.corrupt"
+        os.replace(path, kept)
+        _say(f"{path} is unreadable (kept as {kept.name}); starting the preparation over")
+        return None
+    # A shard counts as finished only if its file is still there, whole (empty shards have none).
     state["shards"] = {
-        n: r for n, r in state["shards"].items() if r["tokens"] == 0 or (out / f"{n}.bin").is_file()
+        n: r for n, r in shards.items() if r["tokens"] == 0 or _whole(out / f"{n}.bin", r)
     }
     return state
+
+
+def _whole(path: Path, record: dict) -> bool:
+    if not path.is_file():
+        return False
+    return "bytes" not in record or path.stat().st_size == record["bytes"]
 
 
 def _write_json_atomic(path: Path, content: dict) -> None:

@@ -246,6 +246,9 @@ def local_files(
             "some."
         )
 
+    empty = next((f for f in files if f.suffix == ".txt" and f.stat().st_size == 0), None)
+    if empty is not None:  # found before any long work (the content is checked when read)
+        raise UserError(f"{empty} is empty; put text in it or remove it.")
     groups, current, size = [], [], 0
     for file in files:
         current.append(file)
@@ -287,17 +290,41 @@ def local_files(
 
 
 def _file_documents(file: Path, text_field: str) -> Iterator[str]:
+    """The documents of one local file; a file that cannot be read as documents is refused with
+    its name (and line), so that no garbage is tokenised silently."""
     if file.suffix == ".txt":
-        yield file.read_text(encoding="utf-8")
+        yield _text_file(file)
     elif file.suffix == ".jsonl":
-        with open(file, encoding="utf-8") as lines:
-            for number, line in enumerate(lines, 1):
-                if line.strip():
-                    yield _field(json.loads(line), text_field, f"{file}:{number}")
+        with open(file, "rb") as lines:
+            for number, raw in enumerate(lines, 1):
+                where = f"{file}:{number}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise UserError(
+                        f"line {number} of {file} is not UTF-8 text ({error.reason} at byte "
+                        f"{error.start}); fix or remove that line."
+                    ) from None
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError as error:
+                    raise UserError(
+                        f"line {number} of {file} is not valid JSON ({error}); fix or remove "
+                        "that line."
+                    ) from None
+                yield _field(record, text_field, where)
     else:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        parquet = pq.ParquetFile(file)
+        try:
+            parquet = pq.ParquetFile(file)
+        except (pa.ArrowException, OSError) as error:
+            raise UserError(
+                f"{file} is not a readable parquet file ({error}); replace or remove it."
+            ) from None
         if text_field not in parquet.schema_arrow.names:
             raise UserError(
                 f"{file} has no column {text_field!r} (columns: "
@@ -307,11 +334,30 @@ def _file_documents(file: Path, text_field: str) -> Iterator[str]:
             yield from (text for text in batch.column(0).to_pylist() if text is not None)
 
 
+def _text_file(file: Path) -> str:
+    """A `.txt` document: UTF-8 text with something in it (an empty file would add a document of
+    only the end-of-text token; a binary one would add noise)."""
+    content = file.read_bytes()
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(
+            f"{file} is not UTF-8 text ({error.reason} at byte {error.start}); convert it to "
+            "UTF-8 or remove it."
+        ) from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as read_text
+    if "\x00" in text:
+        raise UserError(f"{file} holds NUL bytes, so it is binary, not text; remove it.")
+    if not text.strip():
+        raise UserError(f"{file} is empty; put text in it or remove it.")
+    return text
+
+
 def _field(record: dict, text_field: str, where: str) -> str:
     if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
         raise UserError(
             f"{where} has no string field {text_field!r}; pass --text_field with the name of the "
-            "text field."
+            "text field, or fix that line."
         )
     return record[text_field]
 

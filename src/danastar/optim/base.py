@@ -244,24 +244,53 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         return state
 
     def _gather(self, group: dict):
-        params, grads, steps = [], [], []
+        """The group's tensors that have gradients: local params, grads, state buffers, steps.
+
+        The params, buffers and step tensors of a group change only when the group or the state
+        does, so they are kept between steps (checked by identity of each parameter's state);
+        only the gradients are read anew. The Python work per tensor is a visible part of a
+        GPU step's host time.
+        """
+        grads = [param.grad for param in group["params"]]
+        if all(grad is not None for grad in grads):
+            cached = self._gathered.get(id(group))
+            if cached is not None and cached[0] is group["params"] and len(cached[1]) == len(
+                    grads) and all(
+                    self.state.get(param) is kept for param, kept in zip(cached[0], cached[1])):
+                return cached[2], [self._local_grad(p, g) for p, g in zip(cached[0], grads)], \
+                    cached[3], cached[4]
+        params, local_grads, steps, states = [], [], [], []
         buffers = [[] for _ in self.buffer_names]
-        for param in group["params"]:
-            if param.grad is None:
+        for param, grad in zip(group["params"], grads):
+            if grad is None:
                 continue  # skipped: its step count does not advance
-            if param.grad.is_sparse:
-                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-            grad = param.grad
-            if isinstance(grad, DTensor) and grad.placements != param.placements:
-                # The update is elementwise on local shards: lay the grad out like the param.
-                grad = grad.redistribute(param.device_mesh, param.placements)
             state = self._init_state(param)
+            states.append(state)
             params.append(local(param))
-            grads.append(local(grad))
+            local_grads.append(self._local_grad(param, grad))
             steps.append(state["step"])
             for buffer, name in zip(buffers, self.buffer_names):
                 buffer.append(local(state[name]))
-        return params, grads, buffers, steps
+        if len(params) == len(grads):
+            self._gathered[id(group)] = (group["params"], states, params, buffers, steps)
+        return params, local_grads, buffers, steps
+
+    def _local_grad(self, param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        if grad.is_sparse:
+            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+        if isinstance(grad, DTensor):
+            if grad.placements != param.placements:
+                # The update is elementwise on local shards: lay the grad out like the param.
+                grad = grad.redistribute(param.device_mesh, param.placements)
+            return grad.to_local()
+        return grad
+
+    @property
+    def _gathered(self) -> dict:
+        """id(group) -> what `_gather` keeps between steps (not part of the optimizer's state)."""
+        if "_gathered_cache" not in self.__dict__:
+            self.__dict__["_gathered_cache"] = {}
+        return self.__dict__["_gathered_cache"]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -278,10 +307,9 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     def _update_group(self, group, params, grads, buffers, steps):
         impl = self.resolve_impl(params)
         constants = {name: group[name] for name in self.update_constants}
-        torch._foreach_add_(steps, 1)  # one call for the group, not one per tensor
         buckets: dict[float, list[int]] = {}
-        for i, step in enumerate(steps):
-            buckets.setdefault(step.item(), []).append(i)
+        for i, k in enumerate(self._advance(group, steps)):
+            buckets.setdefault(k, []).append(i)
         for k, index in buckets.items():
             def pick(tensors, index=index):
                 return tensors if len(index) == len(tensors) else [tensors[i] for i in index]
@@ -293,6 +321,38 @@ class PerTensorOptimizer(torch.optim.Optimizer):
                 run_per_tensor(type(self).update, *lists, scalars, constants)
             else:
                 self._run_compiled(lists, scalars, constants)
+
+    def _advance(self, group: dict, steps: list[torch.Tensor]) -> list[float]:
+        """Add one to each step count; returns the new counts.
+
+        The counts stay one 0-dim float32 CPU tensor per parameter (as in torch.optim, and in the
+        saved state), but those of a group are views of one tensor, so that advancing them and
+        reading them back are one operation each instead of one per tensor.
+        """
+        packed = self._packed_steps.get(id(group))
+        if packed is None or len(packed[1]) != len(steps) or any(
+                a is not b for a, b in zip(packed[1], steps)):
+            packed = self._packed_steps[id(group)] = self._pack_steps(steps)
+        packed[0].add_(1)
+        return packed[0].tolist()
+
+    def _pack_steps(self, steps: list[torch.Tensor]):
+        flat = torch.stack([step.detach().reshape(()) for step in steps]).to(torch.float32)
+        views = list(flat.unbind())
+        by_old = {id(old): view for old, view in zip(steps, views)}
+        for state in self.state.values():
+            view = by_old.get(id(state.get("step")))
+            if view is not None:
+                state["step"] = view
+        steps[:] = views  # the caller's list (and `_gather`'s kept one) now holds the views
+        self._gathered.clear()  # other kept lists may hold the replaced step tensors
+        return flat, views
+
+    @property
+    def _packed_steps(self) -> dict:
+        if "_packed_steps_cache" not in self.__dict__:
+            self.__dict__["_packed_steps_cache"] = {}
+        return self.__dict__["_packed_steps_cache"]
 
     def _run_compiled(self, lists, scalars, constants):
         device = lists[0][0].device

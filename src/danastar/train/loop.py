@@ -40,6 +40,7 @@ from danastar.optim.base import local
 from danastar.train import parallel
 from danastar.train.checkpoint import Checkpointer, gather_rng_states, set_rng_state
 from danastar.train.data import TrainingData
+from danastar.train.determinism import warm_up_cpu_math
 from danastar.train.logging import RunLogger, environment, peak_flops
 from danastar.train.signals import PREEMPTED_EXIT_CODE, PreemptionFlag
 from danastar.train.status import STOP_FILE, write_status
@@ -48,6 +49,7 @@ from danastar.train.status import STOP_FILE, write_status
 def train(config: TrainConfig) -> int:
     """Run (or resume) the configured training in this process; returns the exit code."""
     env = parallel.setup_distributed(config)
+    warm_up_cpu_math(env.device)  # before any forward pass: see determinism.py
     with contextlib.ExitStack() as cleanup:  # closes what `run` opens, also when it raises
         cleanup.callback(parallel.teardown)
         return run(config, env, cleanup)
