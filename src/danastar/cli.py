@@ -19,6 +19,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "train a model (the main job; no arguments: a CPU run on Shakespeare)",
     ),
     "prepare": ("danastar.commands.prepare", "tokenise a corpus into token files + meta.json"),
+    "submit": (
+        "danastar.commands.submit",
+        "train on SLURM as a job that requeues itself until the run is complete",
+    ),
+    "clusters": ("danastar.commands.clusters", "list cluster profiles; --check: their capacity"),
     "theory": (
         "danastar.commands.theory",
         "figures of the PLRF model: SGD vs DANA, scaling, exponents, kappa",

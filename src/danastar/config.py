@@ -126,7 +126,7 @@ class CheckpointSection:
 
 @dataclass
 class LoggingSection:
-    run_dir: Optional[str] = None  # None: runs/<dataset>-<arch>-<opt>-h<heads>-s<seed>
+    run_dir: Optional[str] = None  # None: runs/<name from the run's meaning> (default_run_dir)
     wandb: bool = False
     wandb_project: str = "danastar"
     wandb_offline: bool = False  # also honoured: WANDB_MODE=offline
@@ -700,10 +700,24 @@ def batch_layout(config: TrainConfig, world_size: int) -> BatchLayout:
 
 
 def default_run_dir(config: TrainConfig) -> Path:
+    """runs/<name>, the name made from what the run means: dataset, architecture, heads (and any
+    explicit dimension), optimizer and every setting given away from its default, global batch,
+    schedule and seed. Never the world size, the micro-batch split or the cluster, so that a run
+    moved to another GPU count or cluster finds its checkpoints again."""
     dataset = Path(config.data.dataset).name or "data"
-    model, seed = config.model, config.train.seed
-    name = f"{dataset}-{model.arch}-{config.optim.name}-h{model.heads}-s{seed}"
-    return Path("runs") / name
+    model, optim, train = config.model, config.optim, config.train
+    parts = [dataset, model.arch, f"h{model.heads}"]
+    parts += [f"{key}{getattr(model, key)}" for key in ("n_layer", "n_embd", "n_head")
+              if getattr(model, key) is not None]
+    parts.append(optim.name)
+    defaults = OptimSection()
+    short = {"lr": "lr", "weight_decay": "wd", "omega": "om", "kappa": "k", "delta": "d",
+             "clipsnr": "snr", "warmup_steps": "wu"}
+    parts += [f"{tag}{getattr(optim, key):g}" for key, tag in short.items()
+              if getattr(optim, key) is not None and getattr(optim, key) != getattr(defaults, key)]
+    parts += [f"b{train.batch_size * train.acc_steps}x{train.sequence_length}", optim.scheduler]
+    parts.append(f"s{train.seed}")  # not the iterations: extending a run keeps its directory
+    return Path("runs") / "-".join(parts)
 
 
 def save_yaml(config: TrainConfig, path: Path) -> None:
@@ -773,7 +787,8 @@ def check_plan(config: TrainConfig, plan: Plan) -> None:
 
 
 def run_directory(config: TrainConfig) -> Path:
-    """Where this run's files go: --run_dir, or runs/<dataset>-<arch>-<opt>-h<heads>-s<seed>."""
+    """Where this run's files go: --run_dir, or runs/<a name from the run's meaning> (see
+    `default_run_dir`)."""
     return Path(config.logging.run_dir) if config.logging.run_dir else default_run_dir(config)
 
 

@@ -30,6 +30,11 @@ from danastar.errors import UserError
 
 def main(argv: list[str]) -> int:
     config, args = load_config(argv)
+    # srun/mpirun workers: ranks from the launcher's variables, exported as torch's (train reads
+    # only those, so the engine stays launcher-agnostic).
+    from danastar.launch.env import export_torch_environment
+
+    export_torch_environment()
     # What training would refuse is refused here, as the dry run does: once (not by each of N
     # workers), before data is prepared, a process is started or a file is written.
     planned = dry_run(config)
@@ -47,15 +52,17 @@ def main(argv: list[str]) -> int:
             from danastar.data.prepare import ensure_prepared
 
             ensure_prepared(config.data.dataset)  # missing data is one message; prepared once
-        return launch(config.parallel.nproc, argv)
+        # The workers' stop file goes in the run directory.
+        return launch(config.parallel.nproc, argv, run_directory(config))
     from danastar.train.loop import train
 
     return train(config)
 
 
-def dry_run(config: TrainConfig) -> dict:
+def dry_run(config: TrainConfig, world_size: int | None = None) -> dict:
     """The resolved plan, batch layout and config as JSON-ready data; needs no data on disk."""
-    world_size = int(os.environ.get("WORLD_SIZE", config.parallel.nproc))
+    if world_size is None:  # `danastar submit` knows the world it asks SLURM for
+        world_size = int(os.environ.get("WORLD_SIZE", config.parallel.nproc))
     layout = batch_layout(config, world_size)
     vocab_size, vocab_from = planned_vocab_size(config.data.dataset)
     plan = make_run_plan(config, vocab_size, layout.data_parallel_size)

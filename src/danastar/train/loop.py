@@ -8,8 +8,10 @@ micro-batches, syncing only on the last; clip the global gradient norm; step), l
 and checkpoint when `checkpoint_kind` says so. Batches are a pure function of the step, so
 resuming from a checkpoint reproduces the uninterrupted run exactly.
 
-Exit codes: 0 done (or `--iterations_to_run` reached, checkpoint saved), 2 a user error (such
-as a diverged run), `PREEMPTED_EXIT_CODE` (75) after SIGTERM/SIGUSR1 and a saved checkpoint.
+Exit codes: 0 only when the run has reached its total iterations, 2 a user error (such as a
+diverged run), `PREEMPTED_EXIT_CODE` (75) when a checkpoint was saved and work remains (after
+SIGTERM/SIGUSR1, the stop file, or `--iterations_to_run`), so that a job chain can tell "done"
+from "more to do". `status.json` in the run directory says the same after every segment.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from danastar.train.data import TrainingData
 from danastar.train.determinism import warm_up_cpu_math
 from danastar.train.logging import RunLogger, environment, peak_flops
 from danastar.train.signals import PREEMPTED_EXIT_CODE, PreemptionFlag
+from danastar.train.status import STOP_FILE, write_status
 
 
 def train(config: TrainConfig) -> int:
@@ -91,6 +94,8 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     if resumed:
         log.info(resumed.describe())
     if step >= iterations:
+        if env.is_main:
+            write_status(run_dir, "complete", step=step, total=iterations, exit_code=0)
         log.info(f"this run already finished at step {step}; pass --no_auto_resume or another "
                  f"--run_dir to train again.")
         return 0
@@ -100,6 +105,9 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     preemption = PreemptionFlag().install()
     cleanup.callback(preemption.uninstall)
     cleanup.callback(checkpointer.wait)  # a checkpoint still being copied from $SLURM_TMPDIR
+    stop_file = run_dir / STOP_FILE  # asks for a stop like SIGUSR1 (a job script's time limit)
+    if env.is_main:
+        write_status(run_dir, "running", step=step, total=iterations, exit_code=None)
 
     def save(kind: str) -> None:
         checkpointer.save(step, core, optimizer, {
@@ -132,7 +140,8 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
         apply_schedule(optimizer, lr_factor)
         result = train_step(model, optimizer, data, step, acc_steps=layout.acc_steps,
                             grad_clip=config.optim.grad_clip, autocast=autocast, env=env,
-                            stop_requested_here=preemption.is_set)
+                            stop_requested_here=preemption.is_set
+                            or (env.is_main and stop_file.exists()))
         if result.finite:
             consecutive_skips = 0
         else:
@@ -170,17 +179,25 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
                                stopping=result.stop_requested or stop_for_chain)
         if kind is not None:
             save(kind)
-        if result.stop_requested:
+        if result.stop_requested and step < iterations:
             signal_name = (preemption.received.name if preemption.received
+                           else f"{stop_file}" if env.is_main and stop_file.exists()
                            else "a stop signal on another rank")
             log.info(f"{signal_name}: checkpoint saved at step {step}; exiting with code "
                      f"{PREEMPTED_EXIT_CODE} so that the job can be requeued and resumed.")
-            exit_code = PREEMPTED_EXIT_CODE
+            exit_code, state = PREEMPTED_EXIT_CODE, "preempted"
             break
         if stop_for_chain:
-            log.info(f"stopping after {to_run} steps (--iterations_to_run); the next run resumes "
-                     f"at step {step}.")
+            log.info(f"stopping after {to_run} steps (--iterations_to_run); exiting with code "
+                     f"{PREEMPTED_EXIT_CODE}: the next run resumes at step {step}.")
+            exit_code, state = PREEMPTED_EXIT_CODE, "segment done"
             break
+    else:
+        state = "complete"
+
+    if env.is_main:
+        stop_file.unlink(missing_ok=True)  # consumed: the next segment must not stop at once
+        write_status(run_dir, state, step=step, total=iterations, exit_code=exit_code)
 
     if step == iterations and config.train.sample_tokens > 0:
         log.end_progress()

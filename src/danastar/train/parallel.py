@@ -55,7 +55,8 @@ def choose_device(requested: str) -> torch.device:
         )
     if requested == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    # Modulo: a cluster that binds one GPU per task (srun --gpus-per-task) shows each task one.
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
 
 
 def resolve_backend(requested: str, world_size: int) -> str:

@@ -1,0 +1,231 @@
+"""`danastar submit`: train on a SLURM cluster as a job that survives time limits and preemption.
+
+    danastar submit --heads 12 --distributed_backend fsdp --cluster tamia --nodes 4 \\
+        --gpus_per_node 4 --time 24:00:00
+    danastar submit --heads 6 --cluster auto --gpus_per_node 4 --dry_run
+    danastar submit --array sweeps/lr.yaml --cluster tamia --gpus_per_node 1 --time 3:00:00
+
+Every `danastar train` flag is accepted and passed on. The run directory gets the job script
+`slurm/submit.sbatch` (readable; edit it and `sbatch` it again at will), the plan it was checked
+against, and `logs/`. See docs/clusters.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from danastar.config import batch_layout, default_run_dir, load_config
+from danastar.errors import UserError
+from danastar.launch import clusters as cluster_registry
+from danastar.launch import slurm
+from danastar.launch.sweep_spec import format_value, load_sweep
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="danastar submit",
+        description="Submit training as a SLURM job that requeues itself until the run is "
+        "complete. Every `danastar train` flag is accepted as well.",
+        epilog="See docs/clusters.md for cluster profiles, exit codes and how to follow a run.",
+        allow_abbrev=False,  # the rest are train flags: never read one as an abbreviation here
+    )
+    add = parser.add_argument
+    add("--cluster", help="a profile name from the cluster registry, or auto (the first in "
+        "priority order with room); without it: this machine's SLURM, no profile")
+    add("--clusters", help="the cluster registry (default $DANASTAR_CLUSTERS or "
+        "~/.config/danastar/clusters.yaml)")
+    add("--nodes", type=int, default=1, help="nodes (default 1)")
+    add("--gpus_per_node", type=int, default=None,
+        help="GPUs per node, one training process each (default: the profile's; 0 for CPU)")
+    add("--tasks_per_node", type=int, default=None,
+        help="processes per node when no GPUs are asked for (default 1)")
+    add("--cpus_per_task", type=int, default=None, help="CPUs per process")
+    add("--mem", help="memory per node, as sbatch --mem takes it")
+    add("--time", help="time limit of each segment, e.g. 24:00:00 (default: the profile's)")
+    add("--partition")
+    add("--account")
+    add("--qos")
+    add("--signal_lead", type=int, default=None,
+        help="seconds before the time limit at which the run checkpoints (default 300)")
+    add("--max_restarts", type=int, default=None, help="segments allowed (default 100)")
+    add("--chain", choices=slurm.CHAINS, default="requeue",
+        help="continue with scontrol requeue (same job id; default) or a pre-submitted "
+        "successor job (also survives a hard time-limit kill)")
+    add("--launcher", choices=slurm.LAUNCHERS, default="srun",
+        help="srun: one task per GPU, ranks from SLURM (default); torchrun: one task per node")
+    add("--array", metavar="SWEEP.yaml", help="a sweep file: one job array, task i trains run i")
+    add("--runs_root", default=None, help="where run directories go when no --run_dir is given "
+        "(default: the profile's results_dir, else runs)")
+    add("--dry_run", action="store_true", help="print the script and the cluster choice; submit "
+        "nothing")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args, train_argv = build_parser().parse_known_args(argv)
+    if any(a == "--nproc" or a.startswith(("--nproc=", "parallel.nproc=")) for a in train_argv):
+        raise UserError("danastar submit starts one process per GPU through SLURM; use "
+                        "--gpus_per_node (or --tasks_per_node) instead of --nproc.")
+    profile, choice = choose_profile(args)
+    job = plan_job(args, train_argv, profile)
+    slurm.check_signal_lead(job.time, job.signal_lead)
+    script = slurm.render_script(job)
+    if args.dry_run:
+        print(f"# cluster: {choice}")
+        print(script)
+        return 0
+    job.script_path.parent.mkdir(parents=True, exist_ok=True)
+    job.script_path.write_text(script)
+    job.script_path.chmod(0o755)
+    job_id = slurm.submit(job.script_path, run=profile.run if profile else None)
+    log_name = f"{job.name}-{job_id}_<task>.out" if job.is_array else f"{job.name}-{job_id}.out"
+    record = {"job_id": job_id, "cluster": profile.name if profile else "",
+              "script": str(job.script_path), "runs": [str(d) for d, _ in job.runs]}
+    with open(job.script_path.parent / "submissions.jsonl", "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+    print(f"submitted job {job_id}{f' to {profile.name}' if profile else ''}")
+    print(f"script: {job.script_path}")
+    print(f"log:    {job.log_dir / log_name}")
+    if not job.is_array:
+        print(f"status: {job.runs[0][0] / 'status.json'}")
+    return 0
+
+
+def choose_profile(args) -> tuple[cluster_registry.ClusterProfile | None, str]:
+    """The cluster profile to use and a line saying why."""
+    if not args.cluster:
+        return None, "this machine's SLURM (no profile)"
+    registry = cluster_registry.load_registry(args.clusters)
+    if args.cluster != "auto":
+        profile = registry.get(args.cluster)
+        if not profile.enabled:
+            raise UserError(f"cluster {profile.name} is disabled in {registry.source}; enable it "
+                            f"or choose another.")
+        return profile, f"{profile.name} (asked for)"
+    nodes = args.nodes
+    gpus = args.gpus_per_node
+    return cluster_registry.choose_cluster(registry, nodes, gpus)
+
+
+def plan_job(args, train_argv: list[str], profile) -> slurm.Job:
+    """Check every run of the job as `danastar train` would, and describe the job."""
+    gpus = args.gpus_per_node if args.gpus_per_node is not None else (
+        profile.gpus_per_node if profile else 0)
+    tasks = gpus or args.tasks_per_node or 1
+    world = args.nodes * tasks
+    if args.nodes < 1 or tasks < 1:
+        raise UserError("--nodes and --tasks_per_node must be at least 1.")
+    if profile and profile.max_nodes and args.nodes > profile.max_nodes:
+        raise UserError(f"cluster {profile.name} allows at most {profile.max_nodes} nodes; ask "
+                        f"for fewer --nodes or another cluster.")
+
+    if args.array:
+        sweep = load_sweep(args.array)
+        root = runs_root(args, profile) / sweep.name
+        runs = []
+        for point in sweep.points():
+            point_argv = [*train_argv, *point.train_argv()]
+            run_dir = root / point.name
+            point_argv = finish_run(point_argv, run_dir, world, profile, point.lr_multiplier,
+                                    write=not args.dry_run)
+            runs.append((run_dir, point_argv))
+        name, home = sweep.name, root
+    else:
+        config, _ = load_config(train_argv)
+        run_dir = Path(config.logging.run_dir).expanduser().resolve() if config.logging.run_dir \
+            else runs_root(args, profile) / default_run_dir(config).name
+        runs = [(run_dir, finish_run(train_argv, run_dir, world, profile, None,
+                                     write=not args.dry_run))]
+        name, home = run_dir.name, run_dir
+
+    def setting(flag_value, profile_field, default):
+        if flag_value not in (None, ""):
+            return flag_value
+        return getattr(profile, profile_field) if profile and getattr(profile, profile_field) \
+            else default
+
+    cpus = args.cpus_per_task or (profile.cpus_per_gpu if profile and gpus else 0)
+    if not args.dry_run:
+        (home / "logs").mkdir(parents=True, exist_ok=True)
+    return slurm.Job(
+        name=name[:120], runs=runs, script_path=home / "slurm" / slurm.SCRIPT_NAME,
+        log_dir=home / "logs", workdir=Path.cwd(),
+        python="python" if profile and profile.setup else sys.executable,
+        nodes=args.nodes, tasks_per_node=tasks, gpus_per_node=gpus, cpus_per_task=cpus,
+        mem=setting(args.mem, "mem", ""), time=setting(args.time, "max_time", ""),
+        partition=setting(args.partition, "partition", ""),
+        account=setting(args.account, "account", ""), qos=setting(args.qos, "qos", ""),
+        signal_lead=setting(args.signal_lead, "signal_lead", 300),
+        max_restarts=setting(args.max_restarts, "max_restarts", 100),
+        chain=args.chain, launcher=args.launcher,
+        setup=setup_lines(profile),
+        sbatch_extra=list(profile.sbatch_extra) if profile else [],
+        cluster=profile.name if profile else "",
+    )
+
+
+def finish_run(train_argv: list[str], run_dir: Path, world: int, profile,
+               lr_multiplier: float | None, write: bool = True) -> list[str]:
+    """Validate one run's arguments as training will (config, batch layout, plan), apply the
+    profile's micro-batch cap and an LR multiplier, record the plan; returns the final
+    arguments (what the script shows and the config records)."""
+    from danastar.commands.train import dry_run
+
+    train_argv = without_run_dir(train_argv)  # the script gives every run its own, absolute
+    config, _ = load_config(train_argv)
+    extra = []
+    caps = profile.micro_batch_caps if profile else {}
+    cap = caps.get(config.model.heads) if caps else None
+    if cap:
+        batch, acc = cluster_registry.fit_micro_batch(
+            config.train.batch_size, config.train.acc_steps, world, cap,
+            f"{profile.name}'s {profile.gpu_type or 'GPU'} cap of {cap} sequences per GPU")
+        if (batch, acc) != (config.train.batch_size, config.train.acc_steps):
+            extra = ["--batch_size", str(batch), "--acc_steps", str(acc)]
+            config, _ = load_config([*train_argv, *extra])
+    batch_layout(config, world)  # refuse a layout the world cannot split, before submitting
+    plan = dry_run(config, world_size=world)
+    if lr_multiplier is not None:
+        lr = plan["plan"]["lr"] * lr_multiplier
+        extra += [f"optim.lr={format_value(float(lr))}"]
+        config, _ = load_config([*train_argv, *extra])
+        plan = dry_run(config, world_size=world)
+    if not write:
+        return [*train_argv, *extra]
+    (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
+    (run_dir / "slurm" / "plan.json").write_text(json.dumps(plan, indent=1, default=str))
+    (run_dir / "slurm" / "config.yaml").write_text(yaml.safe_dump(config.to_dict(),
+                                                                  sort_keys=False))
+    return [*train_argv, *extra]
+
+
+def without_run_dir(argv: list[str]) -> list[str]:
+    result, arguments = [], iter(argv)
+    for argument in arguments:
+        if argument == "--run_dir":
+            next(arguments, None)
+        elif not argument.startswith(("--run_dir=", "logging.run_dir=")):
+            result.append(argument)
+    return result
+
+
+def runs_root(args, profile) -> Path:
+    """Where run directories go: --runs_root, else the profile's results_dir, else ./runs."""
+    root = args.runs_root or (profile.results_dir if profile and profile.results_dir else "runs")
+    return Path(root).expanduser().resolve()
+
+
+def setup_lines(profile) -> list[str]:
+    """The profile's setup lines, and its scratch as the node-local staging disk for
+    checkpoints (what $SLURM_TMPDIR is where the cluster provides it)."""
+    if profile is None:
+        return []
+    lines = list(profile.setup)
+    if profile.scratch and profile.scratch.strip() not in ("$SLURM_TMPDIR", "${SLURM_TMPDIR}"):
+        lines.append(f"export SLURM_TMPDIR={profile.scratch}  # the profile's scratch")
+    return lines

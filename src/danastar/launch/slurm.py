@@ -1,0 +1,328 @@
+"""SLURM job scripts that survive time limits and preemption: render, submit, and the helper the
+script calls at the end of each segment.
+
+The script (`<run_dir>/slurm/submit.sbatch`, plain and commented so that a user can read, edit
+and `sbatch` it again) asks SLURM for `--requeue --open-mode=append --signal=B:USR1@<lead>`,
+starts training in the background and waits for it in a loop (bash runs a trap only between
+commands, or when a `wait` is interrupted). Its USR1 trap creates the run's stop file instead of
+signalling the workers; they checkpoint after their step and exit 75. The exit code decides what
+follows: 0 the run is complete; 75 a checkpoint was saved and work remains, so the script requeues
+its own job (`scontrol requeue $SLURM_JOB_ID`: the same job id, `SLURM_RESTART_COUNT` counts the
+segments) or, with `--chain dependency`, lets the successor it submitted at its start continue;
+anything else is a failure and stops the chain. SIGTERM (`scancel`, `scontrol requeue`,
+preemption) reaches the workers from SLURM itself; the script then leaves the decision to SLURM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from danastar.errors import UserError
+from danastar.train.signals import PREEMPTED_EXIT_CODE
+from danastar.train.status import STOP_FILE, read_status, write_status
+
+SCRIPT_NAME = "submit.sbatch"
+LAUNCHERS = ("srun", "torchrun")
+CHAINS = ("requeue", "dependency")
+
+
+@dataclass
+class Job:
+    """Everything a job script says. One run, or an array of runs (one per task)."""
+
+    name: str
+    runs: list[tuple[Path, list[str]]]  # (run directory, `danastar train` arguments) per task
+    script_path: Path
+    log_dir: Path
+    workdir: Path
+    python: str = sys.executable  # "python" when the profile's setup lines provide one
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 0
+    mem: str = ""
+    time: str = ""
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    signal_lead: int = 300
+    max_restarts: int = 100
+    chain: str = "requeue"
+    launcher: str = "srun"
+    setup: list[str] = field(default_factory=list)
+    sbatch_extra: list[str] = field(default_factory=list)
+    cluster: str = ""
+
+    @property
+    def is_array(self) -> bool:
+        return len(self.runs) > 1
+
+
+def sbatch_lines(job: Job) -> list[str]:
+    log_name = "%x-%A_%a.out" if job.is_array else "%x-%j.out"
+    lines = [
+        f"#SBATCH --job-name={job.name}",
+        f"#SBATCH --output={job.log_dir / log_name}",
+        "#SBATCH --open-mode=append      # a requeued segment appends to the same log",
+        "#SBATCH --requeue",
+        f"#SBATCH --signal=B:USR1@{job.signal_lead}   # to this script, {job.signal_lead} s before "
+        "the time limit",
+        f"#SBATCH --nodes={job.nodes}",
+        f"#SBATCH --ntasks-per-node={job.tasks_per_node}",
+    ]
+    if job.is_array:
+        lines.append(f"#SBATCH --array=0-{len(job.runs) - 1}")
+    if job.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={job.gpus_per_node}")
+    for flag, value in (("cpus-per-task", job.cpus_per_task), ("mem", job.mem),
+                        ("time", job.time), ("partition", job.partition),
+                        ("account", job.account), ("qos", job.qos)):
+        if value not in ("", 0, None):
+            lines.append(f"#SBATCH --{flag}={value}")
+    lines += [f"#SBATCH {extra}" for extra in job.sbatch_extra]
+    return lines
+
+
+def launch_command(job: Job) -> str:
+    """The command that starts every worker of a segment."""
+    train = '"$PYTHON" -m danastar train "${TRAIN_ARGS[@]}" --run_dir "$RUN_DIR"'
+    if job.launcher == "srun":
+        # One task per GPU (or per --tasks_per_node); each finds its rank from SLURM's variables.
+        return f"srun --kill-on-bad-exit=1 {train}"
+    # One task per node running torchrun; c10d rendezvous on the head node, keyed by the job id.
+    return (
+        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+        f'srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$PYTHON" -m torch.distributed.run '
+        f'--nnodes="$SLURM_NNODES" --nproc_per_node={job.tasks_per_node} '
+        '--rdzv_backend=c10d --rdzv_endpoint="$HEAD_NODE:29400" --rdzv_id="$SLURM_JOB_ID" '
+        '-m danastar train "${TRAIN_ARGS[@]}" --run_dir "$RUN_DIR"'
+    )
+
+
+def run_selection(job: Job) -> list[str]:
+    """Shell lines setting RUN_DIR and TRAIN_ARGS (per array task for an array)."""
+    def assign(run_dir: Path, argv: list[str], indent: str) -> list[str]:
+        return [f"{indent}RUN_DIR={shlex.quote(str(run_dir))}",
+                f"{indent}TRAIN_ARGS=({shlex.join(argv)})"]
+
+    if not job.is_array:
+        return assign(*job.runs[0], "")
+    lines = ['case "${SLURM_ARRAY_TASK_ID:?this script is a job array: submit it with sbatch}" in']
+    for index, (run_dir, argv) in enumerate(job.runs):
+        lines += [f"  {index})", *assign(run_dir, argv, "    "), "    ;;"]
+    lines += ['  *) echo "danastar: no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 1 ;;',
+              "esac"]
+    return lines
+
+
+def render_script(job: Job) -> str:
+    """The job script: SBATCH header, setup, the segment, and what its exit code means."""
+    if job.chain not in CHAINS:
+        raise UserError(f"--chain {job.chain!r} is not known; use requeue or dependency.")
+    if job.launcher not in LAUNCHERS:
+        raise UserError(f"--launcher {job.launcher!r} is not known; use srun or torchrun.")
+    created = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    what = (f"a job array of {len(job.runs)} runs" if job.is_array
+            else f"the run in {job.runs[0][0]}")
+    successor = ""
+    if job.chain == "dependency":
+        array = ' --array="$SLURM_ARRAY_TASK_ID"' if job.is_array else ""
+        successor = f"""
+# --chain dependency: submit the successor now, so that the run continues even if this segment
+# is killed at its time limit; it starts after this job ends, whatever its state.
+SUCCESSOR=$(sbatch --parsable --dependency=afterany:"$SLURM_JOB_ID" \\
+    --export=ALL,DANASTAR_SEGMENT=$((SEGMENT + 1)){array} {shlex.quote(str(job.script_path))})
+echo "danastar: successor job $SUCCESSOR submitted"
+"""
+    if job.chain == "requeue":
+        continue_chain = """    echo "danastar: requeueing job $SLURM_JOB_ID for the next segment"
+    scontrol requeue "$SLURM_JOB_ID" \\
+      || echo "danastar: scontrol requeue failed (fine if SLURM requeued the job already)\""""
+    else:
+        continue_chain = ('    echo "danastar: successor job $SUCCESSOR continues the run"\n'
+                          "    CODE=0  # this segment did its part: COMPLETED, not FAILED")
+    then = ("requeues itself under the same job id" if job.chain == "requeue"
+            else "ends and its pre-submitted successor continues")
+    cancel_successor = '  scancel "$SUCCESSOR"\n' if job.chain == "dependency" else ""
+    setup = "\n".join(job.setup) if job.setup else "# (no setup lines in the cluster profile)"
+    return f"""#!/bin/bash
+# danastar job script for {what}{f' on cluster {job.cluster}' if job.cluster else ''}.
+# Written by `danastar submit` on {created}. Edit it freely and submit it again with:
+#   sbatch {job.script_path}
+# Each segment trains until the run is complete (exit 0) or it saves a checkpoint and stops with
+# work left (exit 75: time nearly up, preempted, or --iterations_to_run reached); then the job
+# {then}. Other exit codes stop: 2 a user error, else a crash.
+{chr(10).join(sbatch_lines(job))}
+
+set -u
+cd {shlex.quote(str(job.workdir))}
+MAX_RESTARTS={job.max_restarts}
+{chr(10).join(run_selection(job))}
+
+# -- cluster setup (modules, virtual environment) from the profile --
+{setup}
+PYTHON={shlex.quote(job.python)}
+
+SEGMENT=${{SLURM_RESTART_COUNT:-${{DANASTAR_SEGMENT:-0}}}}
+SEGMENT_START=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+mkdir -p "$RUN_DIR/logs"
+echo "=== danastar: segment $SEGMENT of $RUN_DIR," \
+  "job $SLURM_JOB_ID on $(hostname), $SEGMENT_START ==="
+segment() {{ "$PYTHON" -m danastar.launch.slurm "$@" --run_dir "$RUN_DIR"; }}
+
+if [ "$(segment state)" = complete ]; then
+  echo "danastar: the run is complete; nothing to do"
+  exit 0
+fi
+if [ "$SEGMENT" -gt "$MAX_RESTARTS" ]; then
+  echo "danastar: $SEGMENT segments exceed max_restarts=$MAX_RESTARTS; stopping the chain" >&2
+  segment end --exit_code 1 --since "$SEGMENT_START" --reason "max_restarts reached" >/dev/null
+  exit 1
+fi
+{successor}
+# Time nearly up (USR1): ask the workers to checkpoint after their step through the stop file;
+# signalling them directly is the classic way to hang a job (NCCL, data-loader processes).
+rm -f "$RUN_DIR/{STOP_FILE}"
+trap 'echo "danastar: USR1 (time nearly up): asking the run to checkpoint and stop"
+      touch "$RUN_DIR/{STOP_FILE}"' USR1
+# SIGTERM (scancel, scontrol requeue, preemption) reaches the workers from SLURM itself: they save
+# and stop, and SLURM decides what happens to the job.
+TERMINATED=0
+trap 'echo "danastar: SIGTERM: the workers checkpoint and stop"; TERMINATED=1' TERM
+
+{launch_command(job)} &
+TRAIN_PID=$!
+while kill -0 "$TRAIN_PID" 2>/dev/null; do
+  wait "$TRAIN_PID"  # returns early when a trapped signal arrives; then wait again
+done
+wait "$TRAIN_PID"
+TRAIN_CODE=$?
+CODE=$(segment end --exit_code "$TRAIN_CODE" --since "$SEGMENT_START")
+CODE=${{CODE:-$TRAIN_CODE}}
+
+if [ "$CODE" = 0 ]; then
+  echo "danastar: the run is complete"
+elif [ "$CODE" = {PREEMPTED_EXIT_CODE} ] && [ "$TERMINATED" = 1 ]; then
+  echo "danastar: checkpoint saved; SLURM requeues or ends the job"
+elif [ "$CODE" = {PREEMPTED_EXIT_CODE} ]; then
+  if [ "$((SEGMENT + 1))" -gt "$MAX_RESTARTS" ]; then
+    echo "danastar: checkpoint saved, but max_restarts=$MAX_RESTARTS is reached;" \
+      "submit this script again to continue" >&2
+  else
+{continue_chain}
+  fi
+else
+  echo "danastar: training failed with exit code $CODE; the chain stops (see $RUN_DIR/logs)" >&2
+{cancel_successor}fi
+exit "$CODE"
+"""
+
+
+def time_limit_seconds(text: str) -> int | None:
+    """Seconds of a SLURM time limit (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`); None when
+    it is empty, `infinite` or not understood (sbatch then judges it)."""
+    text = text.strip()
+    days = 0
+    if "-" in text:
+        head, _, text = text.partition("-")
+        if not head.isdigit():
+            return None
+        days = int(head)
+    parts = text.split(":") if text else []
+    if not parts or not all(part.isdigit() for part in parts) or len(parts) > 3:
+        return None
+    numbers = [int(part) for part in parts]
+    if days:  # D-H, D-H:M, D-H:M:S
+        hours, minutes, seconds = (numbers + [0, 0])[:3]
+    elif len(numbers) == 1:
+        hours, minutes, seconds = 0, numbers[0], 0
+    elif len(numbers) == 2:
+        hours, minutes, seconds = 0, numbers[0], numbers[1]
+    else:
+        hours, minutes, seconds = numbers
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def check_signal_lead(time_limit: str, signal_lead: int) -> None:
+    """The checkpoint signal must come before the time limit with time to train first."""
+    seconds = time_limit_seconds(time_limit) if time_limit else None
+    if signal_lead < 0:
+        raise UserError(f"--signal_lead {signal_lead} must be a number of seconds >= 0.")
+    if seconds is not None and signal_lead >= seconds:
+        raise UserError(f"--signal_lead {signal_lead} s is not shorter than --time {time_limit} "
+                        f"({seconds} s): every segment would stop as it starts; lengthen --time or "
+                        f"shorten --signal_lead.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Submitting
+
+def submit(script_path: Path, run=None, env=None) -> str:
+    """`sbatch --parsable SCRIPT` (through the cluster's `run` when given); returns the job id."""
+    argv = ["sbatch", "--parsable", str(script_path)]
+    try:
+        if run is not None:
+            result = run(argv)
+        else:
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    except FileNotFoundError:
+        raise UserError("sbatch is not installed here; run danastar submit on a SLURM login node "
+                        "or give the cluster profile a login: host.") from None
+    except subprocess.TimeoutExpired:
+        raise UserError("sbatch did not answer within 60 s; check the cluster (sinfo) and try "
+                        "again.") from None
+    if result.returncode != 0:
+        message = (result.stderr or result.stdout).strip().splitlines()
+        raise UserError(f"sbatch refused the job ({message[-1] if message else 'no message'}); "
+                        f"fix the script {script_path} or the flags and submit again.")
+    return result.stdout.strip().split(";")[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# The job script's helper: `python -m danastar.launch.slurm state|end --run_dir DIR`
+
+def segment_exit_code(run_dir: Path, exit_code: int, since: str, reason: str = "") -> int:
+    """The segment's real exit code, recorded in status.json.
+
+    torchrun reports a worker's 75 as its own failure (1); when the run's status says this
+    segment saved a checkpoint with work left, the code is 75. A crash (not 0, 2 or 75) or a user
+    error marks the run failed.
+    """
+    status = read_status(run_dir)
+    recent = status.get("updated", "") >= since
+    if exit_code not in (0, PREEMPTED_EXIT_CODE) and recent and status.get("state") in (
+            "preempted", "segment done"):
+        exit_code = PREEMPTED_EXIT_CODE
+    if exit_code not in (0, PREEMPTED_EXIT_CODE):
+        fields = {"exit_code": exit_code}
+        if reason:
+            fields["reason"] = reason
+        write_status(run_dir, "failed", **fields)
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m danastar.launch.slurm",
+                                     description="the job script's helper")
+    parser.add_argument("action", choices=("state", "end"))
+    parser.add_argument("--run_dir", required=True, type=Path)
+    parser.add_argument("--exit_code", type=int, default=0)
+    parser.add_argument("--since", default="")
+    parser.add_argument("--reason", default="")
+    args = parser.parse_args(argv)
+    if args.action == "state":
+        print(read_status(args.run_dir).get("state", "new"))
+    else:
+        args.run_dir.mkdir(parents=True, exist_ok=True)
+        print(segment_exit_code(args.run_dir, args.exit_code, args.since, args.reason))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
