@@ -1,26 +1,52 @@
 """`danastar train --nproc N`: run real torchrun on this machine with the same arguments.
 
 torchrun starts N workers, each running `python -m danastar train <the same arguments>`; a worker
-sees torchrun's WORLD_SIZE and trains instead of launching again. SIGTERM and SIGUSR1 sent to
-this process are passed on to torchrun, which forwards them to the workers; they save a
-checkpoint and stop, and this process then exits with `PREEMPTED_EXIT_CODE`.
+sees torchrun's WORLD_SIZE and trains instead of launching again.
+
+torchrun's elastic agent runs in a child process of this one (`python -m danastar.launch.local`,
+`torchrun_main`), in a session of its own so that a terminal's Ctrl-C reaches this process only;
+torchrun starts each worker in a session of its own too. Signals therefore take one path each,
+and every worker sees each of them exactly once:
+
+* SIGTERM and SIGUSR1 (preemption) go to the agent, which forwards them to the workers; they save
+  a checkpoint and stop, and the exit code is `PREEMPTED_EXIT_CODE`.
+* SIGINT (Ctrl-C) goes to the agent, which passes it to each worker itself (torchrun would treat it
+  as a reason to shut down): the first makes the workers finish the step, save and exit 130;
+  a second stops them at once, also with 130. Rank 0 alone speaks.
+
+The agent reports the workers' own exit code (2 for a user error that rank 0 printed, 130 after
+Ctrl-C) instead of torchrun's error report and traceback, so the user reads one message. If this
+process dies, the agent is sent SIGTERM (Linux), so the workers save and stop instead of running on.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
-from danastar.train.signals import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS
+from danastar.train.signals import (
+    INTERRUPTED_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    PREEMPTION_SIGNALS,
+)
 
-FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"  # torchrun forwards these to workers
+# The agent forwards these to the workers itself; SIGINT is handled by `torchrun_main`.
+FORWARDED_SIGNALS = "SIGTERM,SIGHUP,SIGQUIT,SIGUSR1"
+OUR_EXIT_CODES = (0, 2, PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE)  # each already explained
 
 
 def under_torchrun() -> bool:
     """True inside a worker that torchrun (or SLURM's srun with torchrun's variables) started."""
     return "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def is_main_process() -> bool:
+    """Rank 0, or a process that is not a torchrun worker: the one that talks to the user."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def worker_argv(train_argv: list[str]) -> list[str]:
@@ -37,9 +63,8 @@ def worker_argv(train_argv: list[str]) -> list[str]:
     return result
 
 
-def torchrun_command(nproc: int, train_argv: list[str]) -> list[str]:
+def torchrun_arguments(nproc: int, train_argv: list[str]) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run",
         "--standalone",  # one machine, rendezvous on a free port
         f"--nproc_per_node={nproc}",
         f"--signals_to_handle={FORWARDED_SIGNALS}",
@@ -47,22 +72,95 @@ def torchrun_command(nproc: int, train_argv: list[str]) -> list[str]:
     ]
 
 
+def torchrun_command(nproc: int, train_argv: list[str]) -> list[str]:
+    return [sys.executable, "-m", "danastar.launch.local",
+            *torchrun_arguments(nproc, train_argv)]
+
+
 def launch(nproc: int, train_argv: list[str]) -> int:
-    """Run torchrun with `nproc` workers; returns its exit code (or the preemption code)."""
-    process = subprocess.Popen(torchrun_command(nproc, train_argv))
-    preempted = []
+    """Run torchrun with `nproc` workers; returns the workers' exit code (see the module)."""
+    process = subprocess.Popen(torchrun_command(nproc, train_argv), start_new_session=True,
+                               preexec_fn=terminate_with_parent)
 
     def forward(signum, _frame):
-        preempted.append(signum)
         process.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in PREEMPTION_SIGNALS}
+    previous = {sig: signal.signal(sig, forward) for sig in (*PREEMPTION_SIGNALS, signal.SIGINT)}
     try:
-        code = process.wait()
-    except KeyboardInterrupt:
-        process.send_signal(signal.SIGINT)
-        code = process.wait()
+        return process.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return PREEMPTED_EXIT_CODE if preempted else code
+
+
+def terminate_with_parent() -> None:
+    """In the agent before it starts (Linux): SIGTERM when the launching process dies."""
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the agent outlives a killed launcher
+        pass
+
+
+# ----------------------------------------------------------------------------------------------
+# The torchrun agent's process
+
+
+def children() -> list[int]:
+    """Process ids of this process's children (the workers), from /proc (Linux)."""
+    pids: list[int] = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            pids += [int(pid) for pid in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def pass_ctrl_c_to_workers(signum, _frame) -> None:
+    for pid in children():
+        try:
+            os.kill(pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+
+def torchrun_main(arguments: list[str]) -> int:
+    """torchrun's agent with `arguments`; returns the workers' exit code rather than raising
+    torchrun's report (each worker has already said what went wrong)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    # The agent's warnings while workers stop ("Sending process ... closing signal") and its
+    # failure report repeat what the workers said; a worker's own traceback still shows.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    signal.signal(signal.SIGINT, pass_ctrl_c_to_workers)
+    try:
+        run(parse_args(arguments))
+    except SignalException as stop:  # SIGTERM/SIGUSR1/...: forwarded, the workers have stopped
+        return PREEMPTED_EXIT_CODE if stop.sigval in PREEMPTION_SIGNALS else 128 + stop.sigval
+    except ChildFailedError as failed:
+        return workers_exit_code(failed.failures)
+    return 0
+
+
+def workers_exit_code(failures: dict) -> int:
+    """One exit code for the failed workers: the code they share when each exited by itself with
+    one of ours (workers stopped by the agent, after another failed, do not count), else rank 0's,
+    else the first. A code that is not ours gets a line (the worker printed its traceback)."""
+    codes = {rank: failure.exitcode for rank, failure in failures.items()}
+    own = {code for code in codes.values() if code >= 0}
+    if len(own) == 1 and own <= set(OUR_EXIT_CODES):
+        return own.pop()
+    rank, code = min(codes.items(), key=lambda item: (item[0] != 0, item[0]))
+    if code not in OUR_EXIT_CODES:
+        print(f"danastar train: worker rank {rank} failed with exit code {code} (its error is "
+              f"above).", file=sys.stderr)
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    raise SystemExit(torchrun_main(sys.argv[1:]))
