@@ -49,12 +49,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    module = importlib.import_module(SUBCOMMANDS[command][0])
     try:
+        module = importlib.import_module(SUBCOMMANDS[command][0])
         return int(module.main(rest) or 0)
     except UserError as error:
         print(f"danastar {command}: {error}", file=sys.stderr)
         return error.exit_code
+    except KeyboardInterrupt:  # Ctrl-C: the shell's code, no traceback
+        print(f"\ndanastar {command}: interrupted (Ctrl-C).", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -120,7 +120,10 @@ def children() -> list[int]:
 
 
 def pass_ctrl_c_to_workers(signum, _frame) -> None:
-    for pid in children():
+    workers = children()
+    if not workers:  # before torchrun has started them: stop here
+        raise KeyboardInterrupt
+    for pid in workers:
         try:
             os.kill(pid, signal.SIGINT)
         except ProcessLookupError:
@@ -144,6 +147,9 @@ def torchrun_main(arguments: list[str]) -> int:
         return PREEMPTED_EXIT_CODE if stop.sigval in PREEMPTION_SIGNALS else 128 + stop.sigval
     except ChildFailedError as failed:
         return workers_exit_code(failed.failures)
+    except KeyboardInterrupt:
+        print("\nCtrl-C: stopped before training started.", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     return 0
 
 
