@@ -12,30 +12,26 @@ from danastar.errors import UserError
 from danastar.train.checkpoint import Checkpointer
 from danastar.train.logging import read_metrics
 
-from train_helpers import assert_ok, last_step, metrics, run_train
-
-RUN = ("--iterations", "12", "checkpoint.latest_every=2")
+from train_helpers import STOPPED_RUN, assert_ok, last_step, metrics, run_train
 
 
-@pytest.fixture(scope="module")
-def stopped(tmp_path_factory):
-    """A run stopped at step 4 of 12, with checkpoints at steps 2 and 4 (copied by each test)."""
-    run_dir = tmp_path_factory.mktemp("history") / "run"
-    assert_ok(run_train([*RUN, "--iterations_to_run", "4"], run_dir))
-    return run_dir
-
-
-def copy_of(stopped, tmp_path):
+@pytest.fixture
+def run_dir(stopped_run, tmp_path):
+    """A copy of the shared run stopped at step 4 of 12 (checkpoints at steps 2 and 4)."""
     run_dir = tmp_path / "run"
-    shutil.copytree(stopped, run_dir)
+    shutil.copytree(stopped_run["run_dir"], run_dir)
     return run_dir
+
+
+@pytest.fixture
+def args(stopped_run):
+    return ("--dataset", str(stopped_run["data"]), *STOPPED_RUN)
 
 
 def test_no_auto_resume_moves_the_old_run_aside_and_the_next_start_resumes_the_new_one(
-        stopped, tmp_path):
-    run_dir = copy_of(stopped, tmp_path)
+        run_dir, args):
     old_metrics = metrics(run_dir)
-    result = run_train([*RUN, "--no_auto_resume", "--iterations_to_run", "2"], run_dir)
+    result = run_train([*args, "--no_auto_resume", "--iterations_to_run", "2"], run_dir)
     assert_ok(result)
     [aside] = run_dir.glob("previous-*")
     assert f"moved the earlier run in {run_dir} to {aside}" in result.stdout
@@ -46,18 +42,17 @@ def test_no_auto_resume_moves_the_old_run_aside_and_the_next_start_resumes_the_n
     # the new run: its own metrics from step 0, its own checkpoints only
     assert metrics(run_dir)[0]["step"] == 0 and last_step(run_dir) == 2
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["latest-00000002"]
-    resumed = run_train([*RUN, "--iterations_to_run", "2"], run_dir)
+    resumed = run_train([*args, "--iterations_to_run", "2"], run_dir)
     assert_ok(resumed)
     assert "at step 2" in resumed.stdout and last_step(run_dir) == 4  # the new run, not the old
 
 
-def test_when_every_checkpoint_is_unusable_the_run_refuses_and_names_them(stopped, tmp_path):
-    run_dir = copy_of(stopped, tmp_path)
+def test_when_every_checkpoint_is_unusable_the_run_refuses_and_names_them(run_dir, args):
     for checkpoint in (run_dir / "checkpoints").iterdir():
         state = checkpoint / "state.pt"
         state.write_bytes(state.read_bytes()[:-10])
     old_metrics = metrics(run_dir)
-    result = run_train(list(RUN), run_dir)
+    result = run_train(list(args), run_dir)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     for name in ("latest-00000002", "latest-00000004"):
@@ -67,13 +62,12 @@ def test_when_every_checkpoint_is_unusable_the_run_refuses_and_names_them(stoppe
     assert metrics(run_dir) == old_metrics  # nothing restarted at step 0
 
 
-def test_a_corrupt_checkpoint_set_aside_earlier_does_not_block_resuming(stopped, tmp_path):
-    run_dir = copy_of(stopped, tmp_path)
+def test_a_corrupt_checkpoint_set_aside_earlier_does_not_block_resuming(run_dir, args):
     checkpoints = run_dir / "checkpoints"
     (checkpoints / "corrupt-latest-00000004").mkdir()  # the same step failed once before
     state = checkpoints / "latest-00000004" / "state.pt"
     state.write_bytes(state.read_bytes()[:-10])
-    result = run_train([*RUN, "--iterations_to_run", "2"], run_dir)
+    result = run_train([*args, "--iterations_to_run", "2"], run_dir)
     assert_ok(result)
     assert "moved it to corrupt-latest-00000004-2" in result.stdout
     assert "at step 2" in result.stdout and last_step(run_dir) == 4

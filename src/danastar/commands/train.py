@@ -49,9 +49,9 @@ def run_training(config: TrainConfig) -> int:
         raise
     except KeyboardInterrupt:
         if is_main_process():
-            print("\nCtrl-C: stopped at once; checkpoints are written atomically, so the last "
-                  "one is intact: run the same command again to resume from it.", file=sys.stderr,
-                  flush=True)
+            print("\nCtrl-C: stopped at once; checkpoints are written atomically, so none is "
+                  "left half-written: run the same command again to resume from the last one.",
+                  file=sys.stderr, flush=True)
         return INTERRUPTED_EXIT_CODE
 
 
