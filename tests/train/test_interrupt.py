@@ -82,3 +82,17 @@ def test_ctrl_c_under_nproc_gives_one_message_and_exit_130(tmp_path):
     assert output.count("Ctrl-C: finishing this step") == 1, output
     assert "Traceback" not in output and "ChildFailedError" not in output, output
     assert (run_dir / "checkpoints" / f"latest-{last_step(run_dir):08d}").is_dir()
+
+
+def test_the_launcher_reports_the_workers_own_exit_code():
+    from types import SimpleNamespace
+
+    from danastar.launch.local import workers_exit_code
+
+    def failures(**codes):
+        return {int(rank[1:]): SimpleNamespace(exitcode=code) for rank, code in codes.items()}
+
+    assert workers_exit_code(failures(r0=130, r1=130)) == 130
+    assert workers_exit_code(failures(r0=130, r1=-15)) == 130  # stopped by the agent after rank 0
+    assert workers_exit_code(failures(r0=2, r1=2)) == 2  # a user error rank 0 printed
+    assert workers_exit_code(failures(r1=1, r0=-15)) == 1  # a crash: the crashed worker's code

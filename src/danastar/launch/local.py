@@ -154,14 +154,16 @@ def torchrun_main(arguments: list[str]) -> int:
 
 
 def workers_exit_code(failures: dict) -> int:
-    """One exit code for the failed workers: the code they share when each exited by itself with
-    one of ours (workers stopped by the agent, after another failed, do not count), else rank 0's,
-    else the first. A code that is not ours gets a line (the worker printed its traceback)."""
+    """One exit code for the failed workers. Workers stopped by a signal (the agent stops the rest
+    once one fails) do not count while any exited by itself: the code those share when it is one
+    of ours, else the lowest rank's. A code that is not ours gets a line (the worker printed its
+    traceback)."""
     codes = {rank: failure.exitcode for rank, failure in failures.items()}
-    own = {code for code in codes.values() if code >= 0}
-    if len(own) == 1 and own <= set(OUR_EXIT_CODES):
-        return own.pop()
-    rank, code = min(codes.items(), key=lambda item: (item[0] != 0, item[0]))
+    own = {rank: code for rank, code in codes.items() if code >= 0} or codes
+    if len(set(own.values())) == 1 and set(own.values()) <= set(OUR_EXIT_CODES):
+        return next(iter(own.values()))
+    rank = min(own)
+    code = own[rank]
     if code not in OUR_EXIT_CODES:
         print(f"danastar train: worker rank {rank} failed with exit code {code} (its error is "
               f"above).", file=sys.stderr)
