@@ -11,9 +11,9 @@ between starts; `run.json` records each start and what changed.
 
 `--iterations` may grow (or shrink) only when the schedule's factor at every step already taken
 stays the same: `none` and `powerlaw` do not depend on the total, the cosine and linear decays
-(`cos_inf`, `cos`, `linear`) and `wsd` do once past the warm-up. Settings that follow from the
-iterations (the warm-up when not given, the log-time weight decay's `wd_ts`, a coupled weight
-decay) are compared like any other.
+(`cos_inf`, `cos`, `linear`) do once past the warm-up, `wsd` once its decay has begun. Settings
+that follow from the iterations (the warm-up when not given, the log-time weight decay's
+`wd_ts`, a coupled weight decay) are compared like any other.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def extension_problem(recorded: dict[str, Any], current: dict[str, Any], step: i
     if all(old(n) == new(n) for n in range(step)):
         return None
     return (f"the {scheduler} schedule's factor at the steps already taken depends on the "
-            f"total; only none and powerlaw can change it mid-run")
+            f"total; none and powerlaw never do")
 
 
 def show(value: Any) -> str:
