@@ -3,6 +3,7 @@ rather than restart, a corrupt-* left by an earlier resume does not block, a ful
 last good checkpoint."""
 
 import errno
+import io
 import shutil
 
 import pytest
@@ -78,22 +79,33 @@ def test_a_corrupt_checkpoint_set_aside_earlier_does_not_block_resuming(run_dir,
 
 def test_a_full_disk_says_so_removes_its_partial_copy_and_keeps_the_last_good_checkpoint(
         tmp_path, monkeypatch):
-    # A full disk cannot be made safely here: the write itself raises ENOSPC part way, as it would.
-    model = torch.nn.Linear(4, 4)
+    # A full disk cannot be made safely everywhere the tests run: here the checkpoint file's
+    # writes fail part way with ENOSPC, as they do on a full disk (checked on a small tmpfs).
+    model = torch.nn.Linear(64, 64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     checkpointer = Checkpointer(tmp_path, sharded=False)
     checkpointer.save(2, model, optimizer, {"step": 2})
-    real_save = torch.save
+    real_open = open
 
-    def full_disk(obj, path, *args, **kwargs):
-        with open(path, "wb") as handle:
-            handle.write(b"partial")
-        raise OSError(errno.ENOSPC, "No space left on device")
+    class FullDisk(io.FileIO):
+        written = 0
 
-    monkeypatch.setattr(torch, "save", full_disk)
+        def write(self, data):
+            if self.written > 1000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.written += len(data)
+            return super().write(data)
+
+    def open_on_a_full_disk(path, mode="r", *args, **kwargs):
+        if str(path).endswith("state.pt") and "w" in mode:
+            return io.BufferedWriter(FullDisk(path, "w"), buffer_size=256)
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", open_on_a_full_disk)
     with pytest.raises(UserError, match=f"no space left in {tmp_path}") as error:
         checkpointer.save(4, model, optimizer, {"step": 4})
+    monkeypatch.undo()
     assert "latest-00000002 is kept" in str(error.value)
-    assert not list(tmp_path.glob(".tmp-*"))
-    monkeypatch.setattr(torch, "save", real_save)
+    assert not list(tmp_path.glob(".tmp-*"))  # the partial copy is gone
+    assert [p.name for p in checkpointer.checkpoints()] == ["latest-00000002"]
     assert checkpointer.find_latest().step == 2

@@ -93,6 +93,25 @@ def gather_rng_states() -> list[dict[str, Any]]:
     return states
 
 
+def out_of_space(error: BaseException) -> bool:
+    """Whether `error` comes from a full disk: an OSError(ENOSPC or EDQUOT) itself or anywhere in
+    its chain (torch's writer turns it into a RuntimeError about the file's position)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def save_file(obj: Any, path: Path) -> None:
+    """torch.save through a Python file: a full disk then raises OSError(ENOSPC), where torch's
+    own writer (given a path) raises a RuntimeError that does not say why."""
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)
+
+
 # ----------------------------------------------------------------------------------------------
 # The checkpoint's manifest: a checksum of every file (writes are durable.publish_dir's).
 
@@ -197,7 +216,7 @@ class Checkpointer:
         temporary = root / f".tmp-{name}"
         with self._no_space_is_a_user_error(root, temporary, name):
             self._fresh_dir(temporary)
-            torch.save(state, temporary / STATE_FILE)
+            save_file(state, temporary / STATE_FILE)
             write_meta(temporary, step, "single")
             publish_dir(temporary, root / name)
         if self.staging_root is None:
@@ -268,7 +287,7 @@ class Checkpointer:
         self._barrier()
         if self.rank == 0:
             with self._no_space_is_a_user_error(self.directory, temporary, name):
-                torch.save(run_state, temporary / RUN_STATE_FILE)
+                save_file(run_state, temporary / RUN_STATE_FILE)
                 write_meta(temporary, step, "dcp")
                 publish_dir(temporary, self.directory / name)
             self._prune()
@@ -315,8 +334,8 @@ class Checkpointer:
         last good checkpoint stays the one a resume uses."""
         try:
             yield
-        except OSError as error:
-            if error.errno not in NO_SPACE_ERRNOS:
+        except (OSError, RuntimeError) as error:
+            if not out_of_space(error):
                 raise
             shutil.rmtree(temporary, ignore_errors=True)
             newest = self.checkpoints()
