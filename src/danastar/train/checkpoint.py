@@ -449,11 +449,13 @@ class Checkpointer:
         state."""
         expected = "dcp" if self.sharded else "single"
         if found.layout != expected:
-            raise UserError(
+            error = UserError(
                 f"checkpoint {found.path} was written by a "
                 f"{'sharded (FSDP)' if found.layout == 'dcp' else 'single-file'} "
                 f"run; resume it with the same --distributed_backend or pass --no_auto_resume."
             )
+            error.reported_by_rank_0 = self.rank != 0  # every rank finds it; one says it
+            raise error
         if found.layout == "single":
             state = torch.load(found.path / STATE_FILE, map_location="cpu", weights_only=False)
             model.load_state_dict(state["model"])
