@@ -61,6 +61,26 @@ def test_a_second_ctrl_c_stops_at_once_and_a_repeat_of_the_first_does_not():
         flag.uninstall()
 
 
+@pytest.mark.slow
+def test_a_second_ctrl_c_in_a_running_train_stops_at_once_and_the_run_resumes(tmp_path):
+    # Slow steps (an evaluation of many batches after each), so that the second Ctrl-C comes
+    # before the step the first one waits for has ended.
+    args = ["--iterations", "8", "checkpoint.latest_every=2", "--eval_interval", "1",
+            "train.eval_batches=300"]
+    run_dir = tmp_path / "run"
+    process = start_train(args, run_dir)
+    wait_for_step(process, run_dir, 3)
+    ctrl_c(process)
+    time.sleep(DUPLICATE_WINDOW_S + 0.3)
+    ctrl_c(process)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == INTERRUPTED_EXIT_CODE, output
+    assert "Ctrl-C: stopped at once" in output and "Traceback" not in output, output
+    resumed = run_train(args, run_dir)  # nothing half-written is taken for a checkpoint
+    assert_ok(resumed)
+    assert "resumed from" in resumed.stdout and last_step(run_dir) == 8
+
+
 def test_sigterm_still_means_preempted():
     flag = PreemptionFlag(announce=False).install()
     try:
