@@ -80,7 +80,7 @@ def torchrun_command(nproc: int, train_argv: list[str]) -> list[str]:
 def launch(nproc: int, train_argv: list[str]) -> int:
     """Run torchrun with `nproc` workers; returns the workers' exit code (see the module)."""
     process = subprocess.Popen(torchrun_command(nproc, train_argv), start_new_session=True,
-                               preexec_fn=terminate_with_parent)
+                               preexec_fn=prepare_agent)
 
     def forward(signum, _frame):
         process.send_signal(signum)
@@ -93,8 +93,11 @@ def launch(nproc: int, train_argv: list[str]) -> int:
             signal.signal(sig, handler)
 
 
-def terminate_with_parent() -> None:
-    """In the agent before it starts (Linux): SIGTERM when the launching process dies."""
+def prepare_agent() -> None:
+    """In the agent's process before it starts: Ctrl-C ignored until `torchrun_main` handles it
+    (one arriving while Python imports would end in a traceback), and (Linux) SIGTERM when the
+    launching process dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import ctypes
 
@@ -109,13 +112,26 @@ def terminate_with_parent() -> None:
 
 
 def children() -> list[int]:
-    """Process ids of this process's children (the workers), from /proc (Linux)."""
+    """Process ids of this process's children (the workers), from /proc (Linux): each thread's
+    `children` list, or where the kernel does not provide it, every process's parent id."""
     pids: list[int] = []
+    listed = False
     for task in Path("/proc/self/task").glob("*"):
         try:
             pids += [int(pid) for pid in (task / "children").read_text().split()]
+            listed = True
         except OSError:
             continue
+    if listed:
+        return pids
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # pid (name) state ppid ...: the name may hold spaces, so split after its ')'
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid():
+            pids.append(int(stat.parent.name))
     return pids
 
 
