@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,7 +145,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
         apply_schedule(optimizer, lr_factor)
         result = train_step(model, optimizer, data, step, acc_steps=layout.acc_steps,
                             grad_clip=config.optim.grad_clip, autocast=autocast, env=env,
-                            stop_requested_here=preemption.is_set)
+                            stop_requested_here=lambda: preemption.is_set)
         if result.finite:
             consecutive_skips = 0
         else:
@@ -224,7 +225,8 @@ class StepResult:
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: TrainingData,
                step: int, *, acc_steps: int, grad_clip: float, autocast,
-               env: parallel.Distributed, stop_requested_here: bool = False) -> StepResult:
+               env: parallel.Distributed,
+               stop_requested_here: bool | Callable[[], bool] = False) -> StepResult:
     """Accumulate gradients over `acc_steps` micro-batches (syncing them only on the last), clip
     the global norm, and step the optimizer unless the loss or the norm is not finite."""
     objective_sum = torch.zeros((), device=env.device)
@@ -242,7 +244,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: T
     # One all-reduce carries the losses and whether any rank was asked to stop, and one copy to
     # the host (the step's only wait for the device) brings them with the gradient norm.
     stats = torch.stack([objective_sum / acc_steps, cross_entropy_sum / acc_steps,
-                         torch.full((), float(stop_requested_here), device=env.device)]).float()
+                         torch.full((), float(stop_requested(stop_requested_here)),
+                                    device=env.device)]).float()
     parallel.all_reduce_sum(stats)
     norm = grad_norm.float().reshape(1)
     objective_mean, cross_entropy_mean, stop_flag, grad_norm = torch.cat(
@@ -252,6 +255,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: T
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return result
+
+
+def stop_requested(flag: bool | Callable[[], bool]) -> bool:
+    """A stop flag, read as late as possible (after the backward pass) when it is a callable, so
+    that a signal during this step stops the run after this step rather than the next."""
+    return flag() if callable(flag) else flag
 
 
 def checkpoint_kind(step: int, iterations: int, settings: CheckpointSection,
