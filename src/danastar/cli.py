@@ -7,6 +7,7 @@ training engine and `--help` stays instant.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 from danastar import __version__
@@ -54,12 +55,33 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    module = importlib.import_module(SUBCOMMANDS[command][0])
     try:
+        module = import_deferring_ctrl_c(SUBCOMMANDS[command][0])
+        if module is None:
+            raise KeyboardInterrupt
         return int(module.main(rest) or 0)
     except UserError as error:
         print(f"danastar {command}: {error}", file=sys.stderr)
         return error.exit_code
+    except KeyboardInterrupt:  # Ctrl-C: the shell's code, no traceback
+        print(f"\ndanastar {command}: interrupted (Ctrl-C).", file=sys.stderr)
+        return 130
+
+
+def import_deferring_ctrl_c(name: str):
+    """Import a subcommand; None if Ctrl-C was pressed meanwhile. A KeyboardInterrupt inside an
+    import can leave a C extension half-initialised (numpy then fails with an ImportError and a
+    traceback), so Ctrl-C is noted and honoured once the import is done."""
+    pressed: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.default_int_handler:
+        signal.signal(signal.SIGINT, lambda signum, _frame: pressed.append(signum))
+    try:
+        module = importlib.import_module(name)
+    finally:
+        if previous is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous)
+    return None if pressed else module
 
 
 if __name__ == "__main__":

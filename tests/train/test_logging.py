@@ -4,7 +4,7 @@ import pytest
 
 from danastar.config import merge
 from danastar.errors import UserError
-from danastar.train.logging import RunLogger, read_metrics, truncate_metrics
+from danastar.train.logging import SUPERSEDED_FILE, RunLogger, read_metrics, truncate_metrics
 
 
 def make_logger(run_dir, resumed=False, start_step=0, **logging_keys):
@@ -27,15 +27,17 @@ def test_metrics_lines_and_rank_log(tmp_path):
     assert "hello" in (tmp_path / "logs" / "rank0.log").read_text()
 
 
-def test_resume_drops_lines_after_the_checkpoint_and_a_fresh_start_clears(tmp_path):
+def test_resume_moves_lines_after_the_checkpoint_aside_and_never_truncates(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "train_loss": 1.0}) + "\n" for s in range(8)))
     truncate_metrics(path, 5)
     assert [m["step"] for m in read_metrics(path)] == list(range(6))
     make_logger(tmp_path, resumed=True, start_step=3).close()
     assert [m["step"] for m in read_metrics(path)] == list(range(4))
-    make_logger(tmp_path, resumed=False).close()
-    assert read_metrics(path) == []
+    # the dropped lines are kept, in the order they were dropped
+    assert [m["step"] for m in read_metrics(tmp_path / SUPERSEDED_FILE)] == [6, 7, 4, 5]
+    make_logger(tmp_path, resumed=False).close()  # appends (an earlier run is moved aside first)
+    assert [m["step"] for m in read_metrics(path)] == list(range(4))
 
 
 @pytest.mark.parametrize("key, package", [("wandb", "wandb"), ("tensorboard", "tensorboard")])

@@ -3,6 +3,7 @@ or torchrun)."""
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ TINY = [
     "train.sample_tokens=0",
     "logging.progress=false",
 ]
+STOPPED_RUN = ("--iterations", "12", "checkpoint.latest_every=2")  # see conftest.stopped_run
 COMPARED = ("train_loss", "loss", "grad_norm", "lr", "val_loss")  # everything but timings
 
 
@@ -108,3 +110,20 @@ def wait_for_step(process, run_dir, step, timeout=120) -> None:
 
 def assert_ok(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+
+
+def prepare_words(root, name, seed):
+    """A small prepared dataset (bytes tokenizer) of random words."""
+    texts = root / f"{name}-text"
+    texts.mkdir()
+    words = "the of and to in is was that for on with as by at from his her it be are".split()
+    rng = random.Random(seed)
+    for index in range(12):
+        (texts / f"doc{index}.txt").write_text(" ".join(rng.choice(words) for _ in range(2000)))
+    out = root / name
+    result = subprocess.run(
+        [sys.executable, "-m", "danastar", "prepare", str(texts), "--out", str(out),
+         "--tokenizer", "bytes", "--workers", "1", "--no_progress", "--val_fraction", "0.2"],
+        env=environment(), capture_output=True, text=True, timeout=120)
+    assert_ok(result)
+    return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from danastar.config import (
@@ -54,9 +55,30 @@ def main(argv: list[str]) -> int:
             ensure_prepared(config.data.dataset)  # missing data is one message; prepared once
         # The workers' stop file goes in the run directory.
         return launch(config.parallel.nproc, argv, run_directory(config))
-    from danastar.train.loop import train
+    return run_training(config)
 
-    return train(config)
+
+def run_training(config: TrainConfig) -> int:
+    """Train in this process. A user error that every rank raises is printed by rank 0 alone;
+    Ctrl-C pressed twice (or before training starts) stops at once with exit 130, no traceback."""
+    from danastar.errors import UserError
+    from danastar.launch.local import is_main_process
+    from danastar.train.signals import INTERRUPTED_EXIT_CODE
+
+    try:
+        from danastar.train.loop import train
+
+        return train(config)
+    except UserError as error:
+        if getattr(error, "reported_by_rank_0", False):
+            return error.exit_code
+        raise
+    except KeyboardInterrupt:
+        if is_main_process():
+            print("\nCtrl-C: stopped at once; checkpoints are written atomically, so none is "
+                  "left half-written: run the same command again to resume from the last one.",
+                  file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT_CODE
 
 
 def dry_run(config: TrainConfig, world_size: int | None = None) -> dict:

@@ -24,6 +24,7 @@ so the step is the data position.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -43,6 +44,9 @@ from danastar.durable import fsync_file, publish_dir, sha256
 from danastar.errors import UserError
 
 CHECKPOINT_NAME = re.compile(r"^(latest|permanent)-(\d{8})$")
+CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, set aside for inspection
+# A full disk (or quota): the save is abandoned cleanly, not reported as a crash.
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 STATE_FILE = "state.pt"  # single/DDP: everything in one file
 RUN_STATE_FILE = "run_state.pt"  # DCP: the non-tensor run state beside the shards
 META_FILE = "meta.json"
@@ -87,6 +91,25 @@ def gather_rng_states() -> list[dict[str, Any]]:
     states: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(states, rng_state())
     return states
+
+
+def out_of_space(error: BaseException) -> bool:
+    """Whether `error` comes from a full disk: an OSError(ENOSPC or EDQUOT) itself or anywhere in
+    its chain (torch's writer turns it into a RuntimeError about the file's position)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def save_file(obj: Any, path: Path) -> None:
+    """torch.save through a Python file: a full disk then raises OSError(ENOSPC), where torch's
+    own writer (given a path) raises a RuntimeError that does not say why."""
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -191,10 +214,11 @@ class Checkpointer:
         }
         root = self._staging_dir() if self.staging_root else self.directory
         temporary = root / f".tmp-{name}"
-        self._fresh_dir(temporary)
-        torch.save(state, temporary / STATE_FILE)
-        write_meta(temporary, step, "single")
-        publish_dir(temporary, root / name)
+        with self._no_space_is_a_user_error(root, temporary, name):
+            self._fresh_dir(temporary)
+            save_file(state, temporary / STATE_FILE)
+            write_meta(temporary, step, "single")
+            publish_dir(temporary, root / name)
         if self.staging_root is None:
             self._prune()
             return
@@ -262,9 +286,10 @@ class Checkpointer:
             return
         self._barrier()
         if self.rank == 0:
-            torch.save(run_state, temporary / RUN_STATE_FILE)
-            write_meta(temporary, step, "dcp")
-            publish_dir(temporary, self.directory / name)
+            with self._no_space_is_a_user_error(self.directory, temporary, name):
+                save_file(run_state, temporary / RUN_STATE_FILE)
+                write_meta(temporary, step, "dcp")
+                publish_dir(temporary, self.directory / name)
             self._prune()
 
     def _copy_staged_shards(self, staged: Path, temporary: Path, final: Path, step: int) -> None:
@@ -302,6 +327,25 @@ class Checkpointer:
         except BaseException as finish_error:  # reported by wait() in the training thread
             self._copy_error = finish_error
 
+    @contextlib.contextmanager
+    def _no_space_is_a_user_error(self, root: Path, temporary: Path, name: str):
+        """A full disk while writing `temporary`: remove the partial copy and say so in one
+        sentence. Nothing older is touched (pruning runs only after a complete publish), so the
+        last good checkpoint stays the one a resume uses."""
+        try:
+            yield
+        except (OSError, RuntimeError) as error:
+            if not out_of_space(error):
+                raise
+            shutil.rmtree(temporary, ignore_errors=True)
+            newest = self.checkpoints()
+            kept = (f"the last good checkpoint {newest[-1].name} is kept" if newest
+                    else "there is no earlier checkpoint")
+            raise UserError(
+                f"no space left in {root} while saving checkpoint {name}; the partial copy was "
+                f"removed and {kept}; free some space and run the same command again to resume."
+            ) from None
+
     def _fresh_dir(self, path: Path) -> None:
         if path.exists():
             shutil.rmtree(path)
@@ -325,27 +369,78 @@ class Checkpointer:
         return sorted(found, key=lambda p: (int(CHECKPOINT_NAME.match(p.name).group(2)), p.name))
 
     def find_latest(self) -> Optional[Found]:
-        """The newest complete checkpoint, skipping (with a message) any that fail verification."""
+        """The newest complete checkpoint, setting aside (with a message) any newer one that
+        fails verification; None when there is none at all. Every rank gets rank 0's answer.
+
+        When checkpoints exist but none is usable, it refuses (UserError naming each one) rather
+        than let the run start again at step 0 over the history of the old one."""
         chosen: Optional[Found] = None
+        problem: Optional[str] = None
         if self.rank == 0:
-            for path in reversed(self.checkpoints()):
-                meta, problem = verify(path)
-                if meta is not None:
-                    chosen = Found(path, int(meta["step"]), meta["layout"])
-                    break
-                # Set aside (not deleted) so that pruning never keeps it in place of a good one.
-                aside = path.with_name(f"corrupt-{path.name}")
-                os.replace(path, aside)
-                self.log(
-                    f"checkpoint {path} is incomplete or corrupt ({problem}); moved it to "
-                    f"{aside.name} "
-                    f"and trying the previous one."
-                )
+            try:
+                chosen = self.find_latest_here()
+            except UserError as error:
+                problem = str(error)
         if self.distributed:
-            box = [chosen]
+            box = [(chosen, problem)]
             dist.broadcast_object_list(box, src=0)
-            chosen = box[0]
+            chosen, problem = box[0]
+        if problem is not None:
+            error = UserError(problem)
+            error.reported_by_rank_0 = self.rank != 0  # one message, not one per rank
+            raise error
         return chosen
+
+    def find_latest_here(self) -> Optional[Found]:
+        """`find_latest` in this process alone (no collective): for rank 0's decisions."""
+        unusable = []
+        for path in reversed(self.checkpoints()):
+            meta, problem = verify(path)
+            if meta is not None:
+                # Set aside (not deleted) so that pruning never keeps them in place of a good one.
+                for corrupt, why in unusable:
+                    aside = self._set_aside(corrupt)
+                    self.log(
+                        f"checkpoint {corrupt} is incomplete or corrupt ({why}); moved it to "
+                        f"{aside.name} and trying the previous one."
+                    )
+                return Found(path, int(meta["step"]), meta["layout"])
+            unusable.append((path, problem))
+        unusable += [(path, "set aside earlier as corrupt") for path in self.set_aside()]
+        if unusable:
+            listed = "; ".join(f"{path} ({why})" for path, why in unusable)
+            raise UserError(
+                f"no usable checkpoint in {self.directory}, so this run cannot resume: "
+                f"{listed}; restore a good copy, or pass --no_auto_resume to move the old run "
+                f"aside and start afresh (or use another --run_dir)."
+            )
+        return None
+
+    def set_aside(self) -> list[Path]:
+        """Checkpoints set aside as corrupt by earlier resumes."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(
+            p for p in self.directory.iterdir() if p.is_dir() and p.name.startswith(CORRUPT_PREFIX)
+        )
+
+    def _set_aside(self, path: Path) -> Path:
+        """Rename a corrupt checkpoint to `corrupt-<name>`, or `corrupt-<name>-<n>` when that is
+        taken (the same step can turn out corrupt twice; that must not block resuming)."""
+        aside = path.with_name(f"{CORRUPT_PREFIX}{path.name}")
+        number = 1
+        while aside.exists():
+            number += 1
+            aside = path.with_name(f"{CORRUPT_PREFIX}{path.name}-{number}")
+        os.replace(path, aside)
+        return aside
+
+    def saved_run_state(self, found: Found) -> dict[str, Any]:
+        """The run state saved with checkpoint `found`, without loading it into anything."""
+        if found.layout == "single":
+            state = torch.load(found.path / STATE_FILE, map_location="cpu", weights_only=False)
+            return state["run_state"]
+        return torch.load(found.path / RUN_STATE_FILE, map_location="cpu", weights_only=False)
 
     def load(
         self, found: Found, model: torch.nn.Module, optimizer: torch.optim.Optimizer
@@ -354,11 +449,13 @@ class Checkpointer:
         state."""
         expected = "dcp" if self.sharded else "single"
         if found.layout != expected:
-            raise UserError(
+            error = UserError(
                 f"checkpoint {found.path} was written by a "
                 f"{'sharded (FSDP)' if found.layout == 'dcp' else 'single-file'} "
                 f"run; resume it with the same --distributed_backend or pass --no_auto_resume."
             )
+            error.reported_by_rank_0 = self.rank != 0  # every rank finds it; one says it
+            raise error
         if found.layout == "single":
             state = torch.load(found.path / STATE_FILE, map_location="cpu", weights_only=False)
             model.load_state_dict(state["model"])

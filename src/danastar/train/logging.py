@@ -110,15 +110,24 @@ def rank_logger(run_dir: Path, rank: int) -> logging.Logger:
     return logger
 
 
+SUPERSEDED_FILE = "metrics-superseded.jsonl"
+
+
 def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop lines logged after `last_step` (a resumed run logs those steps again)."""
+    """Drop lines logged after `last_step` (a resumed run logs those steps again), so that
+    metrics.jsonl describes the weights; the dropped lines are appended to
+    `metrics-superseded.jsonl` beside it, never lost."""
     if not path.exists():
         return
-    kept = [
-        line
-        for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line)["step"] <= last_step
-    ]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line)["step"] <= last_step]
+    if len(kept) == len(lines):
+        return
+    dropped = [line for line in lines if json.loads(line)["step"] > last_step]
+    with open(path.with_name(SUPERSEDED_FILE), "a") as superseded:
+        superseded.write("".join(line + "\n" for line in dropped))
+        superseded.flush()
+        os.fsync(superseded.fileno())
     write_atomic(path, "".join(line + "\n" for line in kept))
 
 
@@ -163,8 +172,7 @@ class RunLogger:
         config = self.config
         if resumed:
             truncate_metrics(self.metrics_path, start_step)
-        elif self.metrics_path.exists():
-            self.metrics_path.unlink()  # a fresh start in an old run directory
+        # A fresh start finds no metrics.jsonl: an earlier run's was moved aside (train/identity).
         self.metrics_file = open(self.metrics_path, "a")
         if config.logging.progress:
             from tqdm.auto import tqdm

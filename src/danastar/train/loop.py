@@ -8,10 +8,15 @@ micro-batches, syncing only on the last; clip the global gradient norm; step), l
 and checkpoint when `checkpoint_kind` says so. Batches are a pure function of the step, so
 resuming from a checkpoint reproduces the uninterrupted run exactly.
 
+Before anything is built, the run directory is checked (`open_run_dir`): a resume must be the
+same run (`train/identity.py`), and a fresh start moves an earlier run's files aside.
+
 Exit codes: 0 only when the run has reached its total iterations, 2 a user error (such as a
-diverged run), `PREEMPTED_EXIT_CODE` (75) when a checkpoint was saved and work remains (after
-SIGTERM/SIGUSR1, the stop file, or `--iterations_to_run`), so that a job chain can tell "done"
-from "more to do". `status.json` in the run directory says the same after every segment.
+diverged run, or a resume with other settings), `PREEMPTED_EXIT_CODE` (75) when a checkpoint
+was saved and work remains (after SIGTERM/SIGUSR1, the stop file, or `--iterations_to_run`), so
+that a job chain can tell "done" from "more to do", and `INTERRUPTED_EXIT_CODE` (130) after
+Ctrl-C and a saved checkpoint. `status.json` in the run directory says the same after every
+segment.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +43,9 @@ from danastar.errors import UserError
 from danastar.models import build_model
 from danastar.optim import apply_schedule, build_optimizer, get_schedule
 from danastar.optim.base import local
+from danastar.train import identity as run_identity
 from danastar.train import parallel
-from danastar.train.checkpoint import Checkpointer, gather_rng_states, set_rng_state
+from danastar.train.checkpoint import Checkpointer, Found, gather_rng_states, set_rng_state
 from danastar.train.data import TrainingData
 from danastar.train.determinism import warm_up_cpu_math
 from danastar.train.logging import RunLogger, environment, peak_flops
@@ -66,6 +73,11 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     parallel.barrier()
+    identity = run_identity.run_identity(config, plan, layout, data.tokens)
+    notes: list[str] = []  # said once the logger exists (it writes into the run directory)
+    checkpointer = Checkpointer(run_dir / "checkpoints", sharded=env.sharded,
+                                keep_latest=config.checkpoint.keep_latest, log=notes.append)
+    start = open_run_dir(run_dir, identity, config, checkpointer, env)  # before loading anything
 
     # -- model, distribution, optimizer --------------------------------------------------------
     torch.manual_seed(config.train.seed)  # the same initial weights on every rank
@@ -79,14 +91,17 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     # -- logging and resume --------------------------------------------------------------------
     log = RunLogger(run_dir, config, rank=env.rank, total_steps=iterations)
     cleanup.callback(log.close)
-    checkpointer = Checkpointer(run_dir / "checkpoints", sharded=env.sharded,
-                                keep_latest=config.checkpoint.keep_latest, log=log.info)
-    resumed = resume(config, env, checkpointer, core, optimizer, data)
+    checkpointer.log = log.info
+    for note in [*notes, *start.notes]:
+        log.info(note)
+    resumed = resume(start.found, env, checkpointer, core, optimizer, data)
     step = resumed.step if resumed else 0
     skipped_total = resumed.skipped_steps if resumed else 0
     log.start(step, resumed=resumed is not None)
     if env.is_main:
         write_run_files(run_dir, config, plan, layout, env)
+        run_identity.record_start(run_dir, identity, config, layout, step, env.world_size,
+                                  start.accepted)
     log.info(f"run directory {run_dir}; {plan.arch} with {plan.exact_total_params / 1e6:.2f}M "
              f"parameters, {plan.opt} at peak LR {plan.lr:.3g}, {iterations} steps of "
              f"{layout.tokens_per_step} tokens, {env.world_size} process(es), backend "
@@ -102,7 +117,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
 
     autocast = autocast_context(config, env.device)
     peak = peak_flops(env.device, config.train.peak_flops)
-    preemption = PreemptionFlag().install()
+    preemption = PreemptionFlag(announce=env.is_main).install()
     cleanup.callback(preemption.uninstall)
     cleanup.callback(checkpointer.wait)  # a checkpoint still being copied from $SLURM_TMPDIR
     stop_file = run_dir / STOP_FILE  # asks for a stop like SIGUSR1 (a job script's time limit)
@@ -113,7 +128,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
         checkpointer.save(step, core, optimizer, {
             "step": step, "skipped_steps": skipped_total,
             "data_position": data.loader.state_dict(), "rng": gather_rng_states(),
-            "plan": plan.to_dict()}, kind)
+            "plan": plan.to_dict(), "identity": identity}, kind)
 
     def evaluate_and_log(final: bool = False) -> float:
         batches = config.train.final_eval_batches if final else config.train.eval_batches
@@ -140,7 +155,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
         apply_schedule(optimizer, lr_factor)
         result = train_step(model, optimizer, data, step, acc_steps=layout.acc_steps,
                             grad_clip=config.optim.grad_clip, autocast=autocast, env=env,
-                            stop_requested_here=preemption.is_set
+                            stop_requested_here=lambda: preemption.is_set
                             or (env.is_main and stop_file.exists()))
         if result.finite:
             consecutive_skips = 0
@@ -180,12 +195,19 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
         if kind is not None:
             save(kind)
         if result.stop_requested and step < iterations:
-            signal_name = (preemption.received.name if preemption.received
-                           else f"{stop_file}" if env.is_main and stop_file.exists()
-                           else "a stop signal on another rank")
-            log.info(f"{signal_name}: checkpoint saved at step {step}; exiting with code "
-                     f"{PREEMPTED_EXIT_CODE} so that the job can be requeued and resumed.")
-            exit_code, state = PREEMPTED_EXIT_CODE, "preempted"
+            exit_code = preemption.exit_code
+            if preemption.interrupted:
+                log.end_progress()
+                log.info(f"Ctrl-C: checkpoint saved at step {step}; to resume, run the same "
+                         f"command again.")
+                state = "interrupted"
+            else:
+                signal_name = (preemption.received.name if preemption.received
+                               else f"{stop_file}" if env.is_main and stop_file.exists()
+                               else "a stop signal on another rank")
+                log.info(f"{signal_name}: checkpoint saved at step {step}; exiting with code "
+                         f"{exit_code} so that the job can be requeued and resumed.")
+                state = "preempted"
             break
         if stop_for_chain:
             log.info(f"stopping after {to_run} steps (--iterations_to_run); exiting with code "
@@ -224,7 +246,8 @@ class StepResult:
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: TrainingData,
                step: int, *, acc_steps: int, grad_clip: float, autocast,
-               env: parallel.Distributed, stop_requested_here: bool = False) -> StepResult:
+               env: parallel.Distributed,
+               stop_requested_here: bool | Callable[[], bool] = False) -> StepResult:
     """Accumulate gradients over `acc_steps` micro-batches (syncing them only on the last), clip
     the global norm, and step the optimizer unless the loss or the norm is not finite."""
     objective_sum = torch.zeros((), device=env.device)
@@ -242,7 +265,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: T
     # One all-reduce carries the losses and whether any rank was asked to stop, and one copy to
     # the host (the step's only wait for the device) brings them with the gradient norm.
     stats = torch.stack([objective_sum / acc_steps, cross_entropy_sum / acc_steps,
-                         torch.full((), float(stop_requested_here), device=env.device)]).float()
+                         torch.full((), float(stop_requested(stop_requested_here)),
+                                    device=env.device)]).float()
     parallel.all_reduce_sum(stats)
     norm = grad_norm.float().reshape(1)
     objective_mean, cross_entropy_mean, stop_flag, grad_norm = torch.cat(
@@ -252,6 +276,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: T
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return result
+
+
+def stop_requested(flag: bool | Callable[[], bool]) -> bool:
+    """A stop flag, read as late as possible (after the backward pass) when it is a callable, so
+    that a signal during this step stops the run after this step rather than the next."""
+    return flag() if callable(flag) else flag
 
 
 def checkpoint_kind(step: int, iterations: int, settings: CheckpointSection,
@@ -286,12 +316,77 @@ class Resumed:
                 f"processes: RNG states not restored, losses will differ slightly)")
 
 
-def resume(config: TrainConfig, env: parallel.Distributed, checkpointer: Checkpointer,
+@dataclass(frozen=True)
+class RunStart:
+    """What `open_run_dir` decided: the checkpoint to resume from (None: start afresh), what to
+    tell the user, and the accepted changes of a resume."""
+
+    found: Found | None
+    notes: list[str]
+    accepted: list[str]
+
+
+def open_run_dir(run_dir: Path, identity: dict, config: TrainConfig, checkpointer: Checkpointer,
+                 env: parallel.Distributed) -> RunStart:
+    """Decide how this run starts in `run_dir`, on rank 0 (which alone touches the files), before
+    any checkpoint is loaded; every rank gets its answer, or raises its refusal (which rank 0
+    alone prints)."""
+    start, problem = None, None
+    if env.is_main:
+        try:
+            start = decide_start(run_dir, identity, config, checkpointer)
+        except UserError as error:
+            problem = str(error)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        box = [(start, problem)]
+        torch.distributed.broadcast_object_list(box, src=0)
+        start, problem = box[0]
+    if problem is not None:
+        error = UserError(problem)
+        error.reported_by_rank_0 = not env.is_main  # one message, not one per process
+        raise error
+    return start
+
+
+def decide_start(run_dir: Path, identity: dict, config: TrainConfig,
+                 checkpointer: Checkpointer) -> RunStart:
+    """Resume the newest good checkpoint if it belongs to this same run (else refuse), or start
+    afresh, first moving an earlier run's files into `previous-<time>/` (never deleting them)."""
+    if not config.checkpoint.auto_resume:
+        aside = run_identity.move_aside(run_dir)
+        notes = [f"--no_auto_resume: moved the earlier run in {run_dir} to {aside}; starting "
+                 f"afresh."] if aside else []
+        return RunStart(None, notes, [])
+    found = checkpointer.find_latest_here()  # refuses when checkpoints exist but none is usable
+    if found is None:
+        aside = run_identity.move_aside(run_dir)
+        notes = [f"no checkpoint to resume from in {run_dir}; moved the earlier run's files to "
+                 f"{aside} and starting afresh."] if aside else []
+        return RunStart(None, notes, [])
+    record, notes, older = run_identity.read_run_file(run_dir), [], ""
+    if record is not None:
+        recorded = record["identity"]
+    else:  # a run directory from before run.json: its checkpoint's plan says part of the story
+        recorded = run_identity.identity_from_plan(checkpointer.saved_run_state(found)["plan"])
+        older = f"; {run_dir} predates {run_identity.RUN_FILE}, so only its saved plan was compared"
+        notes.append(f"{run_dir} has no {run_identity.RUN_FILE} (an older run directory): "
+                     f"compared the settings its checkpoint's plan holds (model, optimizer, LR, "
+                     f"batch, iterations), not its seed, schedule or dataset.")
+    refused, accepted = run_identity.changed_settings(recorded, identity, step=found.step,
+                                                      complete=record is not None)
+    if refused:
+        raise run_identity.refusal(run_dir, found.step, refused, older)
+    if accepted:
+        notes.append(f"resuming with changed settings that keep the trajectory: "
+                     f"{'; '.join(accepted)}.")
+    return RunStart(found, notes, accepted)
+
+
+def resume(found: Found | None, env: parallel.Distributed, checkpointer: Checkpointer,
            core: torch.nn.Module, optimizer: torch.optim.Optimizer,
            data: TrainingData) -> Resumed | None:
-    """Load the latest good checkpoint (with `--auto_resume`) into the model, the optimizer, the
-    data position and this rank's RNG; None when the run starts afresh."""
-    found = checkpointer.find_latest() if config.checkpoint.auto_resume else None
+    """Load checkpoint `found` (None: the run starts afresh) into the model, the optimizer, the
+    data position and this rank's RNG."""
     if found is None:
         return None
     run_state = checkpointer.load(found, core, optimizer)

@@ -1,0 +1,211 @@
+"""A run directory belongs to one run: what determines its trajectory is recorded in `run.json`
+when it starts, and a resume that would change any of it is refused before anything is loaded.
+
+The identity is everything the weights depend on: the model (architecture and every
+dimension, its options), the optimizer and every hyperparameter it receives, the peak LR, the
+schedule and its warm-up, the gradient clip, the seeds, the global batch (batch size, accumulation
+steps, sequence length), the iterations, the tokenizer and vocabulary, and a fingerprint of the
+dataset. What does not change the trajectory (logging, evaluation and checkpoint cadence,
+trackers, `--iterations_to_run`, the process count when the global batch is the same) may change
+between starts; `run.json` records each start and what changed.
+
+`--iterations` may grow (or shrink) only when the schedule's factor at every step already taken
+stays the same: `none` and `powerlaw` do not depend on the total, the cosine and linear decays
+(`cos_inf`, `cos`, `linear`) do once past the warm-up, `wsd` once its decay has begun. Settings
+that follow from the iterations (the warm-up when not given, the log-time weight decay's
+`wd_ts`, a coupled weight decay) are compared like any other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from danastar.durable import fsync_dir, write_atomic
+from danastar.errors import UserError
+from danastar.optim import get_schedule
+
+RUN_FILE = "run.json"
+# What an earlier run leaves in its directory; a fresh start moves these into previous-<time>/.
+RUN_FILES = ("checkpoints", "metrics.jsonl", "metrics-superseded.jsonl", "config.yaml",
+             "plan.json", "environment.json", RUN_FILE, "logs", "tensorboard", "wandb")
+# meta.json keys that describe the tokens themselves (other keys, such as caches of checks that
+# a later `danastar prepare` may add, do not make a different dataset).
+DATA_KEYS = ("format", "tokenizer", "vocab_size", "dtype", "eot_id", "source", "train_tokens",
+             "val_tokens", "train_documents", "val_documents")
+# Settings derived from the plan that the checkpoints of runs older than run.json hold.
+PLAN_KEYS = ("arch", "heads", "n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden",
+             "vocab_size", "padded_vocab_size", "opt", "lr", "weight_decay", "wd_ts", "omega",
+             "batch_size", "acc_steps", "sequence_length", "iterations", "warmup_steps")
+
+
+def run_identity(config, plan, layout, tokens) -> dict[str, Any]:
+    """The settings that determine the run's trajectory, by the names a user knows them by."""
+    model = config.model
+    shape = plan.to_dict()
+    data_seed = config.train.seed if config.data.data_seed is None else config.data.data_seed
+    identity = {
+        **{key: shape[key] for key in ("arch", "heads", "n_layer", "n_head", "n_embd",
+                                       "head_dim", "mlp_hidden")},
+        "z_loss": model.z_loss, "init": model.init, "tie_embeddings": model.tie_embeddings,
+        "residual_scale": model.residual_scale,
+        "opt": plan.opt, "lr": plan.lr, "weight_decay": plan.weight_decay, "wd_ts": plan.wd_ts,
+        "omega": plan.omega,
+        # kappa, delta, clipsnr, betas, ...: exactly what this optimizer receives
+        **{key: value for key, value in plan.optimizer_hparams.items()
+           if key not in ("weight_decay", "wd_ts")},
+        "grad_clip": config.optim.grad_clip,
+        "scheduler": config.optim.scheduler, "warmup_steps": plan.warmup_steps,
+        "iterations": plan.iterations,
+        "seed": config.train.seed, "data_seed": data_seed,
+        "global_batch": layout.global_batch, "batch_size": config.train.batch_size,
+        "acc_steps": layout.acc_steps, "sequence_length": layout.sequence_length,
+        "vocab_size": shape["vocab_size"], "padded_vocab_size": shape["padded_vocab_size"],
+        **dataset_identity(config.data.dataset, tokens),
+    }
+    return json.loads(json.dumps(identity))  # as it reads back from run.json (tuples → lists)
+
+
+def dataset_identity(dataset: str, tokens) -> dict[str, Any]:
+    """The dataset as named, its tokenizer, and a fingerprint: a hash of what its meta.json says
+    about the tokens and of the token files' names and sizes."""
+    if tokens.path is None:  # the in-memory synthetic source: fixed by its seed and size
+        content = {"synthetic": tokens.meta, "train_tokens": tokens.train_tokens}
+    else:
+        directory = Path(tokens.path)
+        meta = {key: tokens.meta.get(key) for key in DATA_KEYS}
+        files = {p.name: p.stat().st_size for p in sorted(directory.glob("*.bin"))}
+        content = {"meta": meta, "files": files}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode())
+    return {"dataset": dataset, "tokenizer": tokens.meta.get("tokenizer"),
+            "dataset_fingerprint": digest.hexdigest()[:16]}
+
+
+def identity_from_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    """The part of an identity that the plan saved in an older checkpoint holds."""
+    renamed = {**plan, "sequence_length": plan.get("seq_len")}
+    found = {key: renamed[key] for key in PLAN_KEYS if key in renamed}
+    found.update({key: value for key, value in plan.get("optimizer_hparams", {}).items()
+                  if key not in found})
+    return json.loads(json.dumps(found))
+
+
+def read_run_file(run_dir: Path) -> Optional[dict[str, Any]]:
+    path = run_dir / RUN_FILE
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        raise UserError(f"{path} is not valid JSON, so this run directory's run cannot be "
+                        f"checked; use another --run_dir, or pass --no_auto_resume to move the "
+                        f"old run aside.") from None
+
+
+def changed_settings(recorded: dict[str, Any], current: dict[str, Any], *, step: int,
+                     complete: bool = True) -> tuple[list[str], list[str]]:
+    """(refused, accepted) changes, each `name: old → new`, of resuming `recorded` at `step`
+    with `current`. `complete=False` (the partial identity of an older checkpoint): only keys
+    both hold are compared."""
+    refused, accepted = [], []
+    keys = [*recorded, *(key for key in current if key not in recorded)] if complete else recorded
+    for key in keys:
+        if key not in current and not complete:
+            continue
+        old, new = recorded.get(key), current.get(key)
+        if old == new:
+            continue
+        change = f"{key}: {show(old)} → {show(new)}"
+        if key == "dataset" and recorded.get("dataset_fingerprint") == current.get(
+                "dataset_fingerprint"):
+            accepted.append(change + " (the same data)")
+        elif key == "iterations":
+            why = extension_problem(recorded, current, step)
+            (refused if why else accepted).append(change + (f" ({why})" if why else ""))
+        elif key == "dataset_fingerprint" and recorded.get("dataset") != current.get("dataset"):
+            continue  # reported as the dataset's change
+        else:
+            refused.append(change)
+    return refused, accepted
+
+
+def extension_problem(recorded: dict[str, Any], current: dict[str, Any], step: int
+                      ) -> Optional[str]:
+    """Why the run cannot continue with other --iterations, or None: the schedule's factor at
+    each step already taken must not depend on the total."""
+    scheduler = current.get("scheduler", recorded.get("scheduler"))
+    if scheduler is None:
+        return "the schedule of this older run is not recorded"
+    warmup = current.get("warmup_steps", 0)
+    old = get_schedule(scheduler, recorded.get("warmup_steps", warmup), recorded["iterations"])
+    new = get_schedule(scheduler, warmup, current["iterations"])
+    if all(old(n) == new(n) for n in range(step)):
+        return None
+    return (f"the {scheduler} schedule's factor at the steps already taken depends on the "
+            f"total; none and powerlaw never do")
+
+
+def show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return json.dumps(value) if isinstance(value, (dict, list)) or value is None else str(value)
+
+
+def refusal(run_dir: Path, step: int, refused: list[str], note: str = "") -> UserError:
+    return UserError(
+        f"{run_dir} holds another run (its checkpoint at step {step} was trained with other "
+        f"settings{note}): {'; '.join(refused)}; to keep it, use another --run_dir, or pass "
+        f"--no_auto_resume to move the old run into {run_dir}/previous-<time>/ and start afresh."
+    )
+
+
+def has_earlier_run(run_dir: Path) -> bool:
+    return any((run_dir / name).exists() for name in RUN_FILES)
+
+
+def move_aside(run_dir: Path) -> Optional[Path]:
+    """Move an earlier run's files into `previous-<UTC time>/` inside the run directory; returns
+    where (None when there was nothing). A rename within one filesystem: nothing is copied."""
+    present = [run_dir / name for name in RUN_FILES if (run_dir / name).exists()]
+    if not present:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside, number = run_dir / f"previous-{stamp}", 1
+    while aside.exists():
+        number += 1
+        aside = run_dir / f"previous-{stamp}-{number}"
+    aside.mkdir()
+    for path in present:
+        shutil.move(str(path), str(aside / path.name))
+    fsync_dir(aside)
+    fsync_dir(run_dir)
+    return aside
+
+
+def record_start(run_dir: Path, identity: dict[str, Any], config, layout, step: int,
+                 world_size: int, accepted: list[str]) -> None:
+    """Write run.json: the identity, the latest settings, and one entry per start."""
+    previous = read_run_file(run_dir) or {}
+    settings = config.to_dict()
+    changed = [f"{key}: {show(old)} → {show(new)}" for key, old, new in
+               setting_changes(previous.get("settings", {}), settings)]
+    starts = previous.get("starts", [])
+    starts.append({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "step": step,
+                   "world_size": world_size, "changed": changed, "accepted": accepted})
+    write_atomic(run_dir / RUN_FILE, json.dumps(
+        {"identity": identity, "settings": settings, "batch_layout": layout.to_dict(),
+         "starts": starts}, indent=1, default=str) + "\n")
+
+
+def setting_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = ""):
+    """(dotted key, old, new) of the configuration values that differ."""
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            yield from setting_changes(before, value, f"{prefix}{key}.")
+        elif key in old and before != value:
+            yield f"{prefix}{key}", before, value

@@ -1,0 +1,113 @@
+"""A run directory belongs to one run: a resume with settings that change the trajectory is
+refused before anything is loaded, listing each change; settings that do not are accepted and
+recorded in run.json."""
+
+import json
+import shutil
+
+import pytest
+
+from train_helpers import STOPPED_RUN as BASE
+from train_helpers import assert_ok, last_step, metrics, prepare_words, run_train
+
+
+def listing(run_dir):
+    return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
+
+
+@pytest.mark.parametrize("flags, change", [
+    (["--lr", "1e-3"], "lr: 0.003 → 0.001"),
+    (["--seed", "1"], "seed: 0 → 1"),
+    (["--batch_size", "8"], "batch_size: 4 → 8"),
+    (["--opt", "adamw"], "opt: adana → adamw"),
+    (["--heads", "3"], "heads: 2 → 3"),
+    (["--kappa", "0.9"], "kappa: 0.85 → 0.9"),
+    (["--dataset", "OTHER"], "dataset: "),
+    # the default cos_inf decays to its floor at the last step: its past depends on the total
+    (["--iterations", "24"], "iterations: 12 → 24 (the cos_inf schedule"),
+])
+def test_a_resume_that_changes_the_trajectory_is_refused_listing_the_change(
+        stopped_run, flags, change):
+    run_dir = stopped_run["run_dir"]
+    if "OTHER" in flags:
+        other = stopped_run["root"] / "other-data"
+        if not other.exists():
+            prepare_words(stopped_run["root"], "other-data", seed=1)
+        flags = ["--dataset", str(other)]
+    before = listing(run_dir), metrics(run_dir)
+    result = run_train(["--dataset", str(stopped_run["data"]), *BASE, *flags], run_dir)
+    assert result.returncode == 2, result.stdout + result.stderr
+    message = result.stderr.strip()
+    assert "Traceback" not in message and len(message.splitlines()) == 1, message
+    assert change in message, message
+    assert "another --run_dir" in message and "--no_auto_resume" in message
+    assert (listing(run_dir), metrics(run_dir)) == before  # nothing written, moved or loaded
+
+
+def continue_copy(stopped, tmp_path, flags, name="run"):
+    run_dir = tmp_path / name
+    shutil.copytree(stopped["run_dir"], run_dir)
+    result = run_train(["--dataset", str(stopped["data"]), *BASE, *flags], run_dir)
+    assert_ok(result)
+    return run_dir, result
+
+
+def test_settings_that_keep_the_trajectory_may_change_and_are_recorded(stopped_run, tmp_path):
+    # the same data under another path, other logging and evaluation cadence, a shorter chain
+    same_data = tmp_path / "same-data"
+    shutil.copytree(stopped_run["data"], same_data)
+    run_dir, result = continue_copy(stopped_run, tmp_path, [
+        "--dataset", str(same_data), "--eval_interval", "3", "--log_interval", "2",
+        "--iterations_to_run", "2", "checkpoint.latest_every=1"])
+    assert "resumed from" in result.stdout and "at step 4" in result.stdout, result.stdout
+    assert last_step(run_dir) == 6
+    record = json.loads((run_dir / "run.json").read_text())
+    assert [start["step"] for start in record["starts"]] == [0, 4]
+    changed = " ".join(record["starts"][-1]["changed"])
+    assert "train.eval_interval: 5 → 3" in changed and "train.iterations_to_run: 4 → 2" in changed
+    assert "(the same data)" in " ".join(record["starts"][-1]["accepted"])
+
+
+@pytest.mark.slow
+def test_iterations_may_grow_where_the_schedule_does_not_depend_on_them(tmp_path):
+    # `none` (and `powerlaw`) give each step the same factor whatever the total; AdamW's weight
+    # decay and the warm-up are given, else they would follow from the iterations.
+    fixed = ["--opt", "adamw", "--scheduler", "none", "--warmup_steps", "0",
+             "optim.weight_decay=0.1"]
+    extended, reference = tmp_path / "extended", tmp_path / "reference"
+    assert_ok(run_train([*fixed, "--iterations", "6"], extended))
+    result = run_train([*fixed, "--iterations", "10"], extended)
+    assert_ok(result)
+    assert "iterations: 6 → 10" in result.stdout and "resumed from" in result.stdout
+    assert_ok(run_train([*fixed, "--iterations", "10"], reference))
+
+    def train_losses(run_dir):
+        return [(m["step"], m["train_loss"]) for m in metrics(run_dir) if "train_loss" in m]
+
+    assert train_losses(extended) == train_losses(reference)
+
+
+def test_an_older_run_directory_is_checked_against_its_checkpoints_plan(stopped_run, tmp_path):
+    run_dir = tmp_path / "old"
+    shutil.copytree(stopped_run["run_dir"], run_dir)
+    (run_dir / "run.json").unlink()  # as written before run.json existed
+    result = run_train(["--dataset", str(stopped_run["data"]), *BASE, "--lr", "1e-3"], run_dir)
+    assert result.returncode == 2 and "lr: 0.003 → 0.001" in result.stderr, result.stderr
+    assert "only its saved plan was compared" in result.stderr
+
+
+@pytest.mark.slow
+def test_the_process_count_may_change_when_the_global_batch_is_the_same(stopped_run, tmp_path):
+    run_dir, result = continue_copy(stopped_run, tmp_path, ["--nproc", "2", "--iterations_to_run",
+                                                        "2"])
+    assert "at step 4" in result.stdout and last_step(run_dir) == 6, result.stdout
+
+
+@pytest.mark.slow
+def test_a_refusal_under_nproc_is_said_once_and_every_process_exits_2(stopped_run):
+    run_dir = stopped_run["run_dir"]
+    result = run_train(["--dataset", str(stopped_run["data"]), *BASE, "--lr", "1e-3", "--nproc",
+                        "2"], run_dir)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.count("lr: 0.003 → 0.001") == 1, result.stderr
+    assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
