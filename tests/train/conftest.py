@@ -1,6 +1,13 @@
 import pytest
 
-from train_helpers import STOPPED_RUN, assert_ok, last_step, prepare_words, run_train
+from train_helpers import (
+    STOPPED_RUN,
+    assert_ok,
+    assert_stopped_with_work_left,
+    last_step,
+    prepare_words,
+    run_train,
+)
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +34,6 @@ def stopped_run(tmp_path_factory):
     data = prepare_words(root, "data", seed=0)
     run_dir = root / "run"
     args = ["--dataset", str(data), *STOPPED_RUN, "--iterations_to_run", "4"]
-    assert_ok(run_train(args, run_dir))
+    assert_stopped_with_work_left(run_train(args, run_dir))
     assert last_step(run_dir) == 4
     return {"root": root, "data": data, "run_dir": run_dir}

@@ -13,7 +13,13 @@ from danastar.errors import UserError
 from danastar.train.checkpoint import Checkpointer
 from danastar.train.logging import read_metrics
 
-from train_helpers import STOPPED_RUN, assert_ok, last_step, metrics, run_train
+from train_helpers import (
+    STOPPED_RUN,
+    assert_stopped_with_work_left,
+    last_step,
+    metrics,
+    run_train,
+)
 
 
 @pytest.fixture
@@ -33,7 +39,7 @@ def test_no_auto_resume_moves_the_old_run_aside_and_the_next_start_resumes_the_n
         run_dir, args):
     old_metrics = metrics(run_dir)
     result = run_train([*args, "--no_auto_resume", "--iterations_to_run", "2"], run_dir)
-    assert_ok(result)
+    assert_stopped_with_work_left(result)
     [aside] = run_dir.glob("previous-*")
     assert f"moved the earlier run in {run_dir} to {aside}" in result.stdout
     assert metrics(aside) == old_metrics
@@ -44,7 +50,7 @@ def test_no_auto_resume_moves_the_old_run_aside_and_the_next_start_resumes_the_n
     assert metrics(run_dir)[0]["step"] == 0 and last_step(run_dir) == 2
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["latest-00000002"]
     resumed = run_train([*args, "--iterations_to_run", "2"], run_dir)
-    assert_ok(resumed)
+    assert_stopped_with_work_left(resumed)
     assert "at step 2" in resumed.stdout and last_step(run_dir) == 4  # the new run, not the old
 
 
@@ -69,7 +75,7 @@ def test_a_corrupt_checkpoint_set_aside_earlier_does_not_block_resuming(run_dir,
     state = checkpoints / "latest-00000004" / "state.pt"
     state.write_bytes(state.read_bytes()[:-10])
     result = run_train([*args, "--iterations_to_run", "2"], run_dir)
-    assert_ok(result)
+    assert_stopped_with_work_left(result)
     assert "moved it to corrupt-latest-00000004-2" in result.stdout
     assert "at step 2" in result.stdout and last_step(run_dir) == 4
     # the lines of steps 3-4 that the corrupt checkpoint described were kept aside, not lost

@@ -8,7 +8,14 @@ import shutil
 import pytest
 
 from train_helpers import STOPPED_RUN as BASE
-from train_helpers import assert_ok, last_step, metrics, prepare_words, run_train
+from train_helpers import (
+    assert_ok,
+    assert_stopped_with_work_left,
+    last_step,
+    metrics,
+    prepare_words,
+    run_train,
+)
 
 
 def listing(run_dir):
@@ -48,7 +55,10 @@ def continue_copy(stopped, tmp_path, flags, name="run"):
     run_dir = tmp_path / name
     shutil.copytree(stopped["run_dir"], run_dir)
     result = run_train(["--dataset", str(stopped["data"]), *BASE, *flags], run_dir)
-    assert_ok(result)
+    if "--iterations_to_run" in flags:
+        assert_stopped_with_work_left(result)
+    else:
+        assert_ok(result)
     return run_dir, result
 
 

@@ -112,6 +112,11 @@ def assert_ok(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
 
 
+def assert_stopped_with_work_left(result: subprocess.CompletedProcess) -> None:
+    """A segment that saved a checkpoint and stopped before the end (`--iterations_to_run`)."""
+    assert result.returncode == 75, result.stdout[-3000:] + result.stderr[-6000:]
+
+
 def prepare_words(root, name, seed):
     """A small prepared dataset (bytes tokenizer) of random words."""
     texts = root / f"{name}-text"

@@ -28,7 +28,7 @@ from danastar.durable import write_atomic
 
 STATUS_FILE = "status.json"
 STOP_FILE = "STOP"
-STATES = ("running", "preempted", "segment done", "complete", "failed")
+STATES = ("running", "preempted", "interrupted", "segment done", "complete", "failed")
 
 
 def read_status(run_dir: Path | str) -> dict:
