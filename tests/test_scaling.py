@@ -184,3 +184,38 @@ def test_ladder_table_lists_each_rung():
     table = scaling.ladder_table("enoki", "adamw", [3, 6])
     rows = table.splitlines()
     assert len(rows) == 4 and rows[2].startswith("| 3 | 2 | 192 |") and "| 6165 |" in rows[2]
+
+
+def release_kappa_key(table: dict[str, dict], kappa: float) -> str:
+    """The original release's look-up (its compute_lr), written from its code: the κ formatted
+    with two decimals if that key exists, else the nearest key (a stable sort, so the key
+    listed first wins a tie)."""
+    key = f"{float(kappa):.2f}"
+    if key in table:
+        return key
+    if str(float(kappa)) in table:
+        return str(float(kappa))
+    return sorted(table, key=lambda k: abs(float(k) - float(kappa)))[0]
+
+
+@pytest.mark.parametrize("opt, kappa", [
+    ("adana", 0.775), ("adana", 0.825), ("adana", 0.875),  # midpoints of the 0.05 grid
+    ("dana-mk4", 0.80), ("dana-star", 0.80), ("dana-star-mk4", 0.80),
+    ("adana", 0.7749), ("adana", 0.7751), ("adana", 0.846), ("adana", 0.8449), ("adana", 0.6),
+    ("dana-mk4", 0.7999), ("dana-mk4", 0.8001), ("dana-mk4", 0.95),
+])
+def test_kappa_lookup_follows_the_release_at_midpoints(opt, kappa):
+    rows = scaling.rules()["lr_laws"]["enoki"][32][opt]
+    table = {f"{row['kappa']:.2f}": row for row in rows}  # the release's keys, in table order
+    expected = float(release_kappa_key(table, kappa))
+    plan = make_plan("enoki", opt, 6, kappa=kappa)
+    assert plan.lr_rule == f"enoki/batch32/{opt}/kappa{expected}"
+
+
+def test_kappa_ties_go_to_the_entry_listed_first():
+    # 0.775 is exactly as far from 0.75 as from 0.80 in floating point: the release takes 0.75
+    # (listed first); 0.825 is nearer 0.80 in floating point, 0.80 in dana-mk4's table nearer 0.85.
+    assert make_plan("enoki", "adana", 6, kappa=0.775).lr_rule.endswith("kappa0.75")
+    assert make_plan("enoki", "adana", 6, kappa=0.875).lr_rule.endswith("kappa0.85")
+    assert make_plan("enoki", "adana", 6, kappa=0.825).lr_rule.endswith("kappa0.8")
+    assert make_plan("enoki", "dana-mk4", 6, kappa=0.80).lr_rule.endswith("kappa0.85")

@@ -28,6 +28,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -39,7 +40,7 @@ from danastar.errors import UserError
 from danastar.models import ARCHITECTURES, ModelConfig
 from danastar.models.config import INITS
 from danastar.optim import registry
-from danastar.optim.schedules import SCHEDULES
+from danastar.optim.schedules import DECAY_TYPES, SCHEDULE_OPTIONS, SCHEDULES
 from danastar.scaling import DEFAULT_OMEGA, Plan, make_plan, optimizers
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # the presets, shipped inside the package
@@ -73,6 +74,18 @@ class OptimSection:
     grad_clip: float = 0.5  # global L2 norm; 0 disables clipping (the norm is still logged)
     scheduler: str = "cos_inf"
     warmup_steps: Optional[int] = None  # None: iterations // 50
+    # The schedule's options, with the original release's flag names and defaults; each applies
+    # to the schedules SCHEDULE_OPTIONS lists it for (see docs/training.md).
+    div_factor: float = 1e2  # cos_inf, cos, linear: the warm-up starts at 1/div_factor
+    final_div_factor: Optional[float] = None  # None: 0.1 for cos_inf, 1 for cos and linear
+    cos_inf_steps: int = 0  # cos_inf: steps held at the final LR at the end
+    wsd_fract_decay: float = 0.1  # wsd: the decay's share of the steps (rounded down to steps)
+    wsd_final_lr_scale: float = 0.0  # wsd: the factor the decay ends at
+    decay_type: str = "linear"  # wsd: linear | cosine | exp | miror_cosine | square | sqrt
+    powerlaw_init_value: float = 1.0  # powerlaw: the factor after warm-up
+    powerlaw_saturation_value: float = 0.0  # powerlaw: floor (power < 0) or ceiling
+    powerlaw_power: float = -0.5
+    powerlaw_time_scale: float = 1.0
 
 
 @dataclass
@@ -165,6 +178,24 @@ FLAGS: dict[str, tuple[str, type, str]] = {
         "LR schedule: cos_inf | cos | linear | wsd | powerlaw | none",
     ),
     "warmup_steps": ("optim.warmup_steps", int, "warm-up steps (default: iterations // 50)"),
+    "div_factor": ("optim.div_factor", float,
+                   "cos_inf/cos/linear: the warm-up starts at 1/div_factor of the peak (100)"),
+    "final_div_factor": ("optim.final_div_factor", float,
+                         "cos_inf/cos/linear: they end at 1/(div_factor*final_div_factor) of the "
+                         "peak (default 0.1 for cos_inf, 1 for cos and linear)"),
+    "cos_inf_steps": ("optim.cos_inf_steps", int, "cos_inf: steps at the final LR at the end (0)"),
+    "wsd_fract_decay": ("optim.wsd_fract_decay", float,
+                        "wsd: fraction of the steps spent decaying, rounded down to steps (0.1)"),
+    "wsd_final_lr_scale": ("optim.wsd_final_lr_scale", float, "wsd: the final factor (0)"),
+    "decay_type": ("optim.decay_type", str,
+                   "wsd: linear | cosine | exp | miror_cosine | square | sqrt (linear)"),
+    "powerlaw_init_value": ("optim.powerlaw_init_value", float,
+                            "powerlaw: the factor after warm-up (1)"),
+    "powerlaw_saturation_value": ("optim.powerlaw_saturation_value", float,
+                                  "powerlaw: a floor when the power is < 0, else a ceiling (0)"),
+    "powerlaw_power": ("optim.powerlaw_power", float, "powerlaw: the exponent (-0.5)"),
+    "powerlaw_time_scale": ("optim.powerlaw_time_scale", float,
+                            "powerlaw: steps per unit of time after warm-up (1)"),
     "iterations": ("train.iterations", int, "optimizer steps (default: the Chinchilla budget)"),
     "iterations_to_run": (
         "train.iterations_to_run",
@@ -557,6 +588,13 @@ NUMBER_RULES: list[tuple[str, Any, str, str]] = [
     ("optim.clipsnr", *POSITIVE, "leave it unset for the default 2.0"),
     ("optim.grad_clip", *NON_NEGATIVE, "0 turns clipping off"),
     ("optim.warmup_steps", *NON_NEGATIVE, "leave it unset for iterations // 50"),
+    ("optim.div_factor", *POSITIVE, "100 starts the warm-up at 1/100 of the peak"),
+    ("optim.final_div_factor", *POSITIVE, "leave it unset for the schedule's default"),
+    ("optim.cos_inf_steps", *NON_NEGATIVE, "0 holds no steps at the final LR"),
+    ("optim.wsd_fract_decay", lambda value: 0 <= value <= 1, "between 0 and 1",
+     "it is the fraction of the steps spent decaying"),
+    ("optim.wsd_final_lr_scale", *NON_NEGATIVE, "0 decays to zero"),
+    ("optim.powerlaw_time_scale", *POSITIVE, "1 is the default"),
     ("train.iterations", *AT_LEAST_1, "leave it unset for the Chinchilla budget"),
     ("train.iterations_to_run", *AT_LEAST_1, "leave it unset to run to the end"),
     ("train.batch_size", *AT_LEAST_1, ""),
@@ -603,6 +641,7 @@ def validate(config: TrainConfig) -> None:
     choose("train.autocast", config.train.autocast, ("auto", "bf16", "off"))
     choose("parallel.reduce_dtype", config.parallel.reduce_dtype, ("auto", "bf16", "fp32"))
     choose("optim.scheduler", config.optim.scheduler, tuple(SCHEDULES))
+    choose("optim.decay_type", config.optim.decay_type, tuple(DECAY_TYPES))
     if not registry.is_prefixed(config.optim.name):
         choose("optim.name (--opt)", config.optim.name, tuple(optimizers()),
                also="torch:<Name> or pytorch_optimizer:<name>")
@@ -616,6 +655,7 @@ def validate(config: TrainConfig) -> None:
             continue
         instead = f"; {fix}" if fix else ""
         raise UserError(f"{named(key)} must be {requirement} (got {value!r}){instead}.")
+    check_schedule_options(config)
     if not config.data.dataset.strip():
         raise UserError("data.dataset (--dataset) is empty; give a prepared data directory, "
                         "shakespeare or synthetic.")
@@ -633,6 +673,34 @@ def validate(config: TrainConfig) -> None:
         )
     if config.parallel.hsdp_replicas > 1 and config.parallel.backend != "hsdp":
         raise UserError("parallel.hsdp_replicas needs --distributed_backend hsdp.")
+
+
+def check_schedule_options(config: TrainConfig) -> None:
+    """A schedule option given away from its default to a schedule that does not use it is
+    refused rather than silently ignored."""
+    optim, defaults = config.optim, OptimSection()
+    used = SCHEDULE_OPTIONS[optim.scheduler]
+    for name in dict.fromkeys(chain.from_iterable(SCHEDULE_OPTIONS.values())):
+        value = getattr(optim, name)
+        if name not in used and value is not None and value != getattr(defaults, name):
+            users = " or ".join(s for s, options in SCHEDULE_OPTIONS.items() if name in options)
+            raise UserError(f"{named('optim.' + name)} applies to --scheduler {users}, not "
+                            f"{optim.scheduler}; drop it or choose that schedule.")
+    if optim.scheduler == "powerlaw" and optim.powerlaw_power >= 0 and \
+            optim.powerlaw_saturation_value <= 0:
+        raise UserError(f"{named('optim.powerlaw_saturation_value')} is the ceiling of a growing "
+                        "power law and would hold the LR at 0; give a ceiling above 0, e.g. "
+                        "--powerlaw_saturation_value 1.")
+
+
+def schedule_options(config: TrainConfig) -> dict[str, Any]:
+    """The options of the configured schedule for `get_schedule`, each with the value it takes
+    (an unset final_div_factor resolved to the schedule's default)."""
+    options = {}
+    for name, default in SCHEDULE_OPTIONS[config.optim.scheduler].items():
+        value = getattr(config.optim, name)
+        options[name] = default if value is None else value
+    return options
 
 
 def choose(key: str, value: str, choices: tuple[str, ...], also: str = "") -> None:
@@ -716,6 +784,9 @@ def default_run_dir(config: TrainConfig) -> Path:
     parts += [f"{tag}{getattr(optim, key):g}" for key, tag in short.items()
               if getattr(optim, key) is not None and getattr(optim, key) != getattr(defaults, key)]
     parts += [f"b{train.batch_size * train.acc_steps}x{train.sequence_length}", optim.scheduler]
+    parts += [f"{name}{value:g}" if isinstance(value, float) else f"{name}{value}"
+              for name, value in schedule_options(config).items()
+              if value != SCHEDULE_OPTIONS[optim.scheduler][name]]
     parts.append(f"s{train.seed}")  # not the iterations: extending a run keeps its directory
     return Path("runs") / "-".join(parts)
 

@@ -96,16 +96,27 @@ def lr_law(arch: str, opt: str, non_embedding: int, *, global_batch: int = REFER
            kappa: float = DEFAULT_KAPPA) -> tuple[float, str] | None:
     """Peak LR γ*(P) = a·(b + P)^d and a label of the row used, or None if no law exists.
 
-    Rows with a κ apply to the nearest κ (ties go to the larger κ).
+    Rows with a κ are looked up as the original release does: the row whose κ has the same two
+    decimals, else the nearest κ (distances compared in floating point), the row listed first
+    at a tie.
     """
     table, rows = _law_rows(arch, global_batch, opt)
     if not rows:
         return None
-    row = min(rows, key=lambda r: (round(abs(r.get("kappa", kappa) - kappa), 9),
-                                   -r.get("kappa", 0.0)))
+    row = _kappa_row(rows, kappa)
     a, b, d = float(row["a"]), float(row["b"]), float(row["d"])
     label = f"{table}/{opt}" + (f"/kappa{row['kappa']}" if "kappa" in row else "")
     return a * (b + non_embedding) ** d, label
+
+
+def _kappa_row(rows: list[dict[str, float]], kappa: float) -> dict[str, float]:
+    if "kappa" not in rows[0]:
+        return rows[0]
+    text = f"{float(kappa):.2f}"  # the release keys its table by κ with two decimals
+    for row in rows:
+        if f"{float(row['kappa']):.2f}" == text:
+            return row
+    return min(rows, key=lambda row: abs(float(row["kappa"]) - float(kappa)))  # first at a tie
 
 
 PLAN_OVERRIDES = ("n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden", "tokens", "iterations",

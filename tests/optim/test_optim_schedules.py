@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from danastar.optim import ADana, apply_schedule, get_schedule
-from danastar.optim.schedules import SCHEDULES, WSD_SHAPES
+from danastar.optim.schedules import DECAY_TYPES, SCHEDULES
 
 
 def test_cos_inf_warms_up_from_start_then_cosines_to_the_floor():
@@ -21,24 +21,24 @@ def test_cos_inf_warms_up_from_start_then_cosines_to_the_floor():
     assert (custom(0), custom(110)) == (pytest.approx(0.5), pytest.approx(0.0))
 
 
-def test_cos_and_linear_decay_to_their_final_fraction():
+def test_cos_and_linear_final_alias_sets_the_end_factor():
     cos = get_schedule("cos", 4, 104, final=0.0)
     linear = get_schedule("linear", 4, 104, final=0.2)
-    assert cos(0) == linear(0) == pytest.approx(0.01)
-    assert cos(54) == pytest.approx(0.5) and cos(104) == pytest.approx(0.0)
-    assert linear(54) == pytest.approx(0.6) and linear(104) == pytest.approx(0.2)
+    assert cos(0) == pytest.approx(0.01) and linear(0) == pytest.approx(0.01)
+    assert cos(3) == pytest.approx(1.0) and linear(3) == pytest.approx(1.0)  # peak at W - 1
+    assert cos(103) == pytest.approx(0.0) and linear(103) == pytest.approx(0.2)
 
 
-@pytest.mark.parametrize("shape", list(WSD_SHAPES))
-def test_wsd_holds_then_decays_to_zero(shape):
-    factor = get_schedule("wsd", 10, 200, shape=shape)
-    assert factor(10) == factor(100) == factor(180) == 1.0
-    assert factor(200) == pytest.approx(0.0, abs=1e-12)
+@pytest.mark.parametrize("decay_type", list(DECAY_TYPES))
+def test_wsd_holds_then_decays_to_its_final_scale(decay_type):
+    factor = get_schedule("wsd", 10, 200, decay_type=decay_type, wsd_final_lr_scale=0.1)
+    assert factor(10) == factor(100) == factor(179) == factor(180) == 1.0
+    assert factor(200) == factor(500) == 0.1
     values = [factor(step) for step in range(180, 201)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
-    assert 0 < factor(190) < 1
-    assert get_schedule("wsd", 0, 100, decay_fraction=0.5, shape=shape)(75) == pytest.approx(
-        WSD_SHAPES[shape](0.5))
+    assert all(a >= b - 1e-12 for a, b in zip(values, values[1:]))
+    assert 0.1 < factor(190) < 1
+    assert get_schedule("wsd", 0, 100, decay_fraction=0.5, shape=decay_type)(75) == pytest.approx(
+        DECAY_TYPES[decay_type](0.5, 0.0))
 
 
 def test_powerlaw_warms_up_from_zero_then_decays_as_a_power():
@@ -63,7 +63,7 @@ def test_schedules_are_pure():
 
 @pytest.mark.parametrize("name, options, message", [
     ("cosine", {}, "valid schedules: cos_inf, cos, linear, wsd, powerlaw, none"),
-    ("wsd", {"shape": "cubic"}, "valid shapes: linear, cosine, sqrt, square, exp"),
+    ("wsd", {"shape": "cubic"}, "valid decay types: linear, cosine, exp, miror_cosine, square"),
     ("cos_inf", {"flor": 0.1}, "bad option for schedule 'cos_inf'"),
 ])
 def test_bad_names_and_options_raise_value_error(name, options, message):

@@ -24,6 +24,7 @@ from danastar.config import (
     make_run_plan,
     model_config,
     run_directory,
+    schedule_options,
 )
 from danastar.data.prepared import META_FILE, RAW_META, prepared_format
 from danastar.errors import UserError
@@ -93,6 +94,7 @@ def dry_run(config: TrainConfig, world_size: int | None = None) -> dict:
     return {
         "plan": plan.to_dict(),
         "batch_layout": layout.to_dict(),
+        "schedule": {"name": config.optim.scheduler, **schedule_options(config)},
         "dataset": config.data.dataset,
         "vocab_size_from": vocab_from,
         "config": config.to_dict(),

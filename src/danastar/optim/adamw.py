@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from .base import (
+    DEFAULT_LR,
     PerTensorOptimizer,
     check,
     check_betas,
@@ -60,7 +61,7 @@ class AdamWDecayingWD(PerTensorOptimizer):
     update = staticmethod(adamw_decaying_wd_update)
     update_constants = ("betas", "eps")
 
-    def __init__(self, params, lr, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+    def __init__(self, params, lr=DEFAULT_LR, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  wd_ts=None, impl=None):
         check(len(betas) == 2, f"betas must be (beta1, beta2), got {betas}")
         check_betas(betas)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from .base import (
+    DEFAULT_LR,
     PerTensorOptimizer,
     check,
     check_betas,
@@ -86,9 +87,9 @@ class AdEMAMix(PerTensorOptimizer):
     update = staticmethod(ademamix_update)
     update_constants = ("betas", "eps")
 
-    def __init__(self, params, lr, *, betas=(0.9, 0.999, 0.9999), alpha=5.0, alpha_warmup=None,
-                 beta3_warmup=None, eps=1e-8, weight_decay=0.0, wd_ts=None, decaying_wd=False,
-                 impl=None):
+    def __init__(self, params, lr=DEFAULT_LR, *, betas=(0.9, 0.999, 0.9999), alpha=5.0,
+                 alpha_warmup=None, beta3_warmup=None, eps=1e-8, weight_decay=0.0, wd_ts=None,
+                 decaying_wd=False, impl=None):
         check(len(betas) == 3, f"betas must be (beta1, beta2, beta3), got {betas}")
         check_betas(betas)
         check_non_negative(alpha=alpha)

@@ -126,6 +126,18 @@ def check(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+# The default peak LR of every optimizer here, as torch.optim's Adam and AdamW have one: a model
+# built from param groups that each carry their own lr needs no other.
+DEFAULT_LR = 1e-3
+
+
+def check_lr(lr: float | torch.Tensor) -> None:
+    """A learning rate as torch.optim checks it: a 1-element tensor or a number, at least 0."""
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    check(lr >= 0, f"lr must be >= 0, got {lr}")
+
+
 def check_non_negative(**values: float) -> None:
     for name, value in values.items():
         check(value >= 0, f"{name} must be >= 0, got {value}")
@@ -189,7 +201,7 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     float32_scalars: bool = False
 
     def __init__(self, params, defaults: dict, impl: str | None = None):
-        check_non_negative(lr=defaults["lr"])
+        check_lr(defaults["lr"])
         check_impl(impl, self.supported_impls())
         self.impl = impl
         super().__init__(params, defaults)
@@ -381,9 +393,30 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         self._compile_worked = True
 
     def load_state_dict(self, state_dict: dict) -> None:
-        # torch casts floating-point state to the parameter's dtype; ours stays in float32 or
-        # wider (bf16 parameters keep float32 moments), so restore the saved dtypes exactly.
-        super().load_state_dict(state_dict)
+        """torch's load, with the saved state kept as saved: torch casts floating-point state to
+        the parameter's dtype, but ours stays in float32 or wider (bf16 parameters keep float32
+        moments), so the saved tensors are copied back with their dtypes. A plain-number
+        ``step`` (torch's older format) becomes a float32 tensor, as torch does.
+
+        The restoring runs as the first post-hook, on the state dict every pre-hook has seen, so
+        what registered load-state-dict hooks do is kept."""
+        loaded: dict = {}
+
+        def keep(optimizer, final_state_dict):  # registered last: sees every pre-hook's work
+            loaded["state_dict"] = final_state_dict
+
+        def restore(optimizer):
+            optimizer._restore_saved_state(loaded["state_dict"])
+
+        handles = (self.register_load_state_dict_pre_hook(keep),
+                   self.register_load_state_dict_post_hook(restore, prepend=True))
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _restore_saved_state(self, state_dict: dict) -> None:
         saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain.from_iterable(g["params"] for g in self.param_groups)
         for saved_id, param in zip(saved_ids, params):
@@ -391,3 +424,5 @@ class PerTensorOptimizer(torch.optim.Optimizer):
                 if torch.is_tensor(value):
                     device = "cpu" if key == "step" else param.device
                     self.state[param][key] = value.to(device=device, copy=True)
+                elif key == "step":
+                    self.state[param][key] = torch.tensor(float(value), dtype=torch.float32)

@@ -6,7 +6,14 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
-from .base import PerTensorOptimizer, check, check_non_negative, check_positive_or_none
+from .base import (
+    DEFAULT_LR,
+    PerTensorOptimizer,
+    check,
+    check_lr,
+    check_non_negative,
+    check_positive_or_none,
+)
 
 DEFAULT_DELTA = 8.0  # damping δ of the EMA coefficient a_k = δ / (δ + k)
 DEFAULT_KAPPA = 0.85  # log-time exponent κ of the Nesterov factor (1 + k)^(1 - κ)
@@ -25,7 +32,7 @@ def foreach_log_time_moments(ms, vs, grads, a, eps):
 
 
 def check_dana_hyperparameters(lr, delta, kappa, clipsnr, weight_decay, wd_ts, eps):
-    check_non_negative(lr=lr)
+    check_lr(lr)
     check(delta > 0, f"delta must be > 0 (default {DEFAULT_DELTA:g}), got {delta}")
     check(0 < kappa <= 1, f"kappa must be in (0, 1] (default {DEFAULT_KAPPA}), got {kappa}")
     check_positive_or_none(clipsnr=clipsnr)
@@ -46,8 +53,8 @@ class DanaBase(PerTensorOptimizer):
     update_constants = ("clipsnr", "eps")
     float32_scalars = True  # the kernel's 1 - a_k is at least 1 / (1 + delta), 1/9 by default
 
-    def __init__(self, params, lr, *, delta=DEFAULT_DELTA, kappa=DEFAULT_KAPPA, clipsnr=None,
-                 weight_decay=0.0, wd_ts=None, eps=1e-8, impl=None):
+    def __init__(self, params, lr=DEFAULT_LR, *, delta=DEFAULT_DELTA, kappa=DEFAULT_KAPPA,
+                 clipsnr=None, weight_decay=0.0, wd_ts=None, eps=1e-8, impl=None):
         check_dana_hyperparameters(lr, delta, kappa, clipsnr, weight_decay, wd_ts, eps)
         defaults = dict(lr=lr, delta=delta, kappa=kappa, clipsnr=clipsnr,
                         weight_decay=weight_decay, wd_ts=wd_ts, eps=eps)

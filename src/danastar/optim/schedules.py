@@ -1,9 +1,26 @@
 """Learning-rate schedules as pure functions of the step, and a helper that applies one.
 
 ``get_schedule(name, warmup_steps, total_steps, **options)`` returns ``factor(step)``, the
-multiplier s(n) on the peak LR; ``apply_schedule(optimizer, factor)`` writes
-``group["lr"] = group["initial_lr"] * factor`` for every group. No hidden state: resuming at
-step n only needs n.
+multiplier s(n) on the peak LR at optimizer step n (0-based: a run of T iterations uses steps
+0 .. T-1); ``apply_schedule(optimizer, factor)`` writes ``group["lr"] = group["initial_lr"] *
+factor`` for every group. No hidden state: resuming at step n only needs n.
+
+The schedules, their option names and their defaults are those of the original ADana release
+(its ``--scheduler`` flag and the options next to it), so that its curves carry over unchanged:
+
+* ``cos`` / ``linear``: ``torch.optim.lr_scheduler.OneCycleLR`` as the release builds it
+  (``pct_start = warmup / total``, no momentum cycling), options ``div_factor`` (100) and
+  ``final_div_factor`` (1): from 1/100 of the peak up to the peak at step W-1, then down to
+  1/(div_factor * final_div_factor) of it at step T-1.
+* ``cos_inf``: ``div_factor`` (100), ``final_div_factor`` (0.1, the value the release's
+  launcher passes), ``cos_inf_steps`` (0): cosine to 1/(div_factor * final_div_factor) at step
+  T - cos_inf_steps, constant after.
+* ``wsd``: ``wsd_fract_decay`` (0.1), ``wsd_final_lr_scale`` (0), ``decay_type`` (linear).
+* ``powerlaw``: ``powerlaw_init_value`` (1), ``powerlaw_saturation_value`` (0),
+  ``powerlaw_power`` (-0.5), ``powerlaw_time_scale`` (1).
+
+Earlier option names are still accepted as aliases: ``start`` (1/div_factor), ``final`` /
+``floor`` (the final factor itself), ``decay_fraction``, ``shape``, ``rho`` and ``tau``.
 """
 
 from __future__ import annotations
@@ -16,84 +33,167 @@ import torch
 Schedule = Callable[[int], float]
 
 
-def _warmup(step: int, warmup_steps: int, start: float) -> float:
-    """Linear warm-up from ``start`` (at step 0) to 1 (at ``warmup_steps``)."""
-    return start + (1 - start) * step / warmup_steps
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
 
 
-def _progress(step: int, warmup_steps: int, total_steps: int) -> float:
-    """Fraction of the post-warm-up phase done, in [0, 1]."""
-    return min(max((step - warmup_steps) / max(total_steps - warmup_steps, 1), 0.0), 1.0)
+def _warmup_from(step: int, warmup_steps: int, div_factor: float) -> float:
+    """The release's linear warm-up from 1/div_factor (step 0) to 1 (step ``warmup_steps``)."""
+    return step / warmup_steps + (1 - step / warmup_steps) / div_factor
 
 
-def _cosine(progress: float) -> float:
-    return 0.5 * (1 + math.cos(math.pi * progress))
+def _div_factor(div_factor: float, start: float | None) -> float:
+    """``start`` (the factor at step 0, an earlier option name) as a div_factor."""
+    if start is not None:
+        _check(start > 0, f"start must be > 0, got {start}")
+        div_factor = 1 / start
+    _check(div_factor > 0, f"div_factor must be > 0, got {div_factor}")
+    return div_factor
 
 
-def cos_inf(warmup_steps, total_steps, *, start=0.01, floor=0.1) -> Schedule:
-    """Linear warm-up from ``start``, then cosine from 1 down to ``floor`` at ``total_steps``;
-    it stays at the floor beyond (the default schedule)."""
+# -- cos / linear: OneCycleLR ------------------------------------------------------------------
+
+def _anneal_cos(start: float, end: float, pct: float) -> float:
+    return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+
+
+def _anneal_linear(start: float, end: float, pct: float) -> float:
+    return (end - start) * pct + start
+
+
+def one_cycle(warmup_steps, total_steps, *, anneal="cos", div_factor=1e2, final_div_factor=1.0,
+              start=None, final=None) -> Schedule:
+    """``OneCycleLR(max_lr=1, total_steps=T, pct_start=W / T, anneal_strategy=anneal,
+    div_factor, final_div_factor, cycle_momentum=False)`` as a function of the step.
+
+    Its two phases end at the float ``pct_start * T - 1`` and at T - 1, as torch computes them,
+    so the warm-up peaks at step W - 1 (with W = 0 the decay starts from step -1, so step 0 is
+    already a little below the peak). Two cases where torch has no value: beyond T - 1 the
+    factor stays at the final one (torch raises past step T), and with W = 1 the one warm-up
+    step is the peak (torch divides by zero).
+    """
+    _check(anneal in ("cos", "linear"), f"anneal must be 'cos' or 'linear', got {anneal!r}")
+    _check(total_steps >= 1, f"total_steps must be >= 1 for {anneal}, got {total_steps}")
+    _check(warmup_steps <= total_steps,
+           f"warmup_steps ({warmup_steps}) must be <= total_steps ({total_steps})")
+    div_factor = _div_factor(div_factor, start)
+    initial = 1.0 / div_factor
+    if final is not None:
+        _check(final >= 0, f"final must be >= 0, got {final}")
+        minimum = final
+    else:
+        _check(final_div_factor > 0, f"final_div_factor must be > 0, got {final_div_factor}")
+        minimum = initial / final_div_factor
+    anneal_func = _anneal_cos if anneal == "cos" else _anneal_linear
+    pct_start = warmup_steps / total_steps
+    warmup_end = float(pct_start * total_steps) - 1
+    last = total_steps - 1
+
     def factor(step):
-        if step < warmup_steps:
-            return _warmup(step, warmup_steps, start)
-        return floor + (1 - floor) * _cosine(_progress(step, warmup_steps, total_steps))
+        if step >= last:
+            return anneal_func(1.0, minimum, 1.0) if warmup_end < last else 1.0
+        if step <= warmup_end:
+            if warmup_end == 0:
+                return 1.0
+            return anneal_func(initial, 1.0, step / warmup_end)
+        return anneal_func(1.0, minimum, (step - warmup_end) / (last - warmup_end))
     return factor
 
 
-def cos(warmup_steps, total_steps, *, start=0.01, final=0.1) -> Schedule:
-    """Linear warm-up from ``start``, then cosine decay to ``final`` at ``total_steps``."""
-    return cos_inf(warmup_steps, total_steps, start=start, floor=final)
+def cos(warmup_steps, total_steps, **options) -> Schedule:
+    """OneCycleLR with cosine annealing (see `one_cycle`)."""
+    return one_cycle(warmup_steps, total_steps, anneal="cos", **options)
 
 
-def linear(warmup_steps, total_steps, *, start=0.01, final=0.1) -> Schedule:
-    """Linear warm-up from ``start``, then linear decay to ``final`` at ``total_steps``."""
+def linear(warmup_steps, total_steps, **options) -> Schedule:
+    """OneCycleLR with linear annealing (see `one_cycle`)."""
+    return one_cycle(warmup_steps, total_steps, anneal="linear", **options)
+
+
+# -- cos_inf -----------------------------------------------------------------------------------
+
+def cos_inf(warmup_steps, total_steps, *, div_factor=1e2, final_div_factor=0.1, cos_inf_steps=0,
+            start=None, floor=None) -> Schedule:
+    """Linear warm-up from 1/div_factor, then cosine from 1 down to the final factor
+    1/(div_factor * final_div_factor) (0.1 by default) at step T - cos_inf_steps; it stays
+    there beyond (the default schedule)."""
+    div_factor = _div_factor(div_factor, start)
+    _check(final_div_factor > 0, f"final_div_factor must be > 0, got {final_div_factor}")
+    _check(cos_inf_steps >= 0, f"cos_inf_steps must be >= 0, got {cos_inf_steps}")
+    final_lr = 1.0 / div_factor / final_div_factor if floor is None else floor
+    _check(final_lr >= 0, f"floor must be >= 0, got {final_lr}")
+    anneal_end = total_steps - cos_inf_steps
+
     def factor(step):
         if step < warmup_steps:
-            return _warmup(step, warmup_steps, start)
-        return 1 - (1 - final) * _progress(step, warmup_steps, total_steps)
+            return _warmup_from(step, warmup_steps, div_factor)
+        if step < anneal_end:
+            t = (step - warmup_steps) / (anneal_end - warmup_steps)
+            return final_lr + 0.5 * (1.0 - final_lr) * (1 + math.cos(math.pi * t))
+        return final_lr
     return factor
 
 
-# Shapes of the WSD decay: the factor as a function of the decay phase's progress q in [0, 1].
-WSD_SHAPES: dict[str, Callable[[float], float]] = {
-    "linear": lambda q: 1 - q,
-    "cosine": _cosine,
-    "sqrt": lambda q: 1 - math.sqrt(q),
-    "square": lambda q: 1 - q * q,
-    # exp(-5 q), shifted and rescaled so that it ends exactly at 0.
-    "exp": lambda q: (math.exp(-5 * q) - math.exp(-5)) / (1 - math.exp(-5)),
+# -- wsd ---------------------------------------------------------------------------------------
+
+# The decay of WSD as the release writes it: the factor at progress q in [0, 1) of the decay
+# phase, for the final factor f. Its `exp` is f ** q (so with f = 0 it drops to 0 after the
+# first decay step), and `miror_cosine` (the release's spelling) mirrors cosine about linear.
+DECAY_TYPES: dict[str, Callable[[float, float], float]] = {
+    "linear": lambda q, f: f + (1 - f) * (1 - q),
+    "cosine": lambda q, f: f + (1 - f) * (1 + math.cos(math.pi * q)) * 0.5,
+    "exp": lambda q, f: f ** q,
+    "miror_cosine": lambda q, f: 2 * (f + (1 - f) * (1 - q))
+    - (f + (1 - f) * (1 + math.cos(math.pi * q)) * 0.5),
+    "square": lambda q, f: f + (1 - f) * (1 - q ** 2),
+    "sqrt": lambda q, f: f + (1 - f) * (1 - math.sqrt(q)),
 }
 
 
-def wsd(warmup_steps, total_steps, *, decay_fraction=0.1, shape="linear", start=0.01) -> Schedule:
-    """Warm-up, hold at 1, then decay to 0 over the last ``decay_fraction`` of the steps."""
-    if shape not in WSD_SHAPES:
-        raise ValueError(f"unknown wsd shape {shape!r}; valid shapes: {', '.join(WSD_SHAPES)}")
-    if not 0 <= decay_fraction <= 1:
-        raise ValueError(f"decay_fraction must be in [0, 1], got {decay_fraction}")
-    decay_steps = decay_fraction * total_steps
-    decay_start = total_steps - decay_steps
-    decay = WSD_SHAPES[shape]
+def wsd(warmup_steps, total_steps, *, wsd_fract_decay=0.1, wsd_final_lr_scale=0.0,
+        decay_type="linear", decay_fraction=None, shape=None) -> Schedule:
+    """Warm-up from 1/100, hold at 1, then decay to ``wsd_final_lr_scale`` over the last
+    ``int(wsd_fract_decay * T)`` steps (rounded down, as the release does)."""
+    fraction = wsd_fract_decay if decay_fraction is None else decay_fraction
+    decay_type = decay_type if shape is None else shape
+    _check(decay_type in DECAY_TYPES,
+           f"unknown wsd decay_type {decay_type!r}; valid decay types: {', '.join(DECAY_TYPES)}")
+    _check(0 <= fraction <= 1, f"wsd_fract_decay must be in [0, 1], got {fraction}")
+    final = wsd_final_lr_scale
+    _check(final >= 0, f"wsd_final_lr_scale must be >= 0, got {final}")
+    decay_steps = int(fraction * total_steps)
+    hold_end = total_steps - decay_steps
+    decay = DECAY_TYPES[decay_type]
 
     def factor(step):
         if step < warmup_steps:
-            return _warmup(step, warmup_steps, start)
-        if step < decay_start or decay_steps == 0:
+            return _warmup_from(step, warmup_steps, 1e2)
+        if step < hold_end:
             return 1.0
-        return decay(min((step - decay_start) / decay_steps, 1.0))
+        if step < total_steps:
+            return decay((step - hold_end) / decay_steps, final)
+        return final
     return factor
 
 
-def powerlaw(warmup_steps, total_steps, *, rho=-0.5, tau=None) -> Schedule:
-    """Linear warm-up from 0, then (1 + (n - W) / tau)^rho; tau defaults to max(W, 1)."""
-    tau = tau if tau is not None else max(warmup_steps, 1)
-    if tau <= 0:
-        raise ValueError(f"tau must be > 0, got {tau}")
+# -- powerlaw ----------------------------------------------------------------------------------
+
+def powerlaw(warmup_steps, total_steps, *, powerlaw_init_value=1.0, powerlaw_saturation_value=0.0,
+             powerlaw_power=-0.5, powerlaw_time_scale=1.0, rho=None, tau=None) -> Schedule:
+    """Linear warm-up from 0 to ``init``, then ``init * (1 + (n - W) / time_scale) ** power``,
+    bounded by the saturation value: a floor when power < 0, a ceiling otherwise (so a growing
+    power law needs a saturation value above 0)."""
+    init, saturation = powerlaw_init_value, powerlaw_saturation_value
+    power = powerlaw_power if rho is None else rho
+    time_scale = powerlaw_time_scale if tau is None else tau
+    _check(time_scale > 0, f"powerlaw_time_scale must be > 0, got {time_scale}")
 
     def factor(step):
         if step < warmup_steps:
-            return _warmup(step, warmup_steps, 0.0)
-        return (1 + (step - warmup_steps) / tau) ** rho
+            return step / warmup_steps * init
+        value = init * (1.0 + (step - warmup_steps) / time_scale) ** power
+        return max(value, saturation) if power < 0 else min(value, saturation)
     return factor
 
 
@@ -105,6 +205,19 @@ def none(warmup_steps, total_steps) -> Schedule:
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "cos_inf": cos_inf, "cos": cos, "linear": linear, "wsd": wsd, "powerlaw": powerlaw,
     "none": none,
+}
+
+# The options (release names) each schedule takes, with their defaults; the training config
+# has one field for each, and its dry run shows the values a run uses.
+_ONE_CYCLE_OPTIONS = {"div_factor": 1e2, "final_div_factor": 1.0}
+SCHEDULE_OPTIONS: dict[str, dict[str, object]] = {
+    "cos_inf": {"div_factor": 1e2, "final_div_factor": 0.1, "cos_inf_steps": 0},
+    "cos": _ONE_CYCLE_OPTIONS,
+    "linear": _ONE_CYCLE_OPTIONS,
+    "wsd": {"wsd_fract_decay": 0.1, "wsd_final_lr_scale": 0.0, "decay_type": "linear"},
+    "powerlaw": {"powerlaw_init_value": 1.0, "powerlaw_saturation_value": 0.0,
+                 "powerlaw_power": -0.5, "powerlaw_time_scale": 1.0},
+    "none": {},
 }
 
 

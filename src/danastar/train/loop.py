@@ -38,6 +38,7 @@ from danastar.config import (
     make_run_plan,
     model_config,
     save_yaml,
+    schedule_options,
 )
 from danastar.errors import UserError
 from danastar.models import build_model
@@ -417,7 +418,8 @@ def make_optimizer(plan, config: TrainConfig, param_groups: list[dict]):
     """
     try:
         optimizer = build_optimizer(plan.opt, param_groups, lr=plan.lr, **plan.optimizer_hparams)
-        schedule = get_schedule(config.optim.scheduler, plan.warmup_steps, plan.iterations)
+        schedule = get_schedule(config.optim.scheduler, plan.warmup_steps, plan.iterations,
+                                **schedule_options(config))
     except ValueError as error:
         raise UserError(f"{plan.opt} with schedule {config.optim.scheduler} cannot run this "
                         f"plan ({str(error).rstrip('.')}); change the optimizer settings or "
