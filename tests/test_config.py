@@ -121,7 +121,7 @@ def test_original_release_flags_map_to_their_keys():
         (["optim.kapa=0.8"], "did you mean 'optim.kappa'"),
         (["modle.arch=enoki"], "did you mean 'model'"),
         (["--arch", "enok"], "did you mean 'enoki'"),
-        (["train.batch_size=many"], "train.batch_size has the wrong type"),
+        (["train.batch_size=many"], "train.batch_size takes a whole number"),
         (["train.seed"], "section.key=value"),
         (["--distributed_backend", "fsdpp"], "did you mean 'fsdp'"),
         (["--config", "no_such_preset"], "does not exist"),
@@ -179,7 +179,7 @@ def test_impossible_batch_layouts_fail_clearly(layer, world, fragment):
 @pytest.mark.parametrize(
     "layer, fragment",
     [
-        ({"train": {"acc_steps": 0}}, "train.acc_steps must be at least 1"),
+        ({"train": {"acc_steps": 0}}, r"train.acc_steps \(--acc_steps\) must be at least 1"),
         ({"parallel": {"tp_size": 2}}, "composes with FSDP2"),
         ({"checkpoint": {"latest_every": 0}}, "-1 to disable"),
     ],

@@ -10,8 +10,11 @@ line of `danastar train` and returns the merged, validated config:
       ← command-line flags (the original release's names: --heads, --lr, --batch_size, ...)
       ← dotted `section.key=value` overrides, last.
 
-Unknown keys anywhere are errors that name the closest valid key. Values left as `None` are
-filled in later from the scaling plan (`--heads` → dimensions, LR, weight decay, iterations).
+Unknown keys anywhere are errors that name the closest valid key, unknown flags name the closest
+flag, and values written as text (YAML files, dotted overrides) are read by their field's type
+with YAML 1.2 rules. `validate` then refuses every value training could not honour, with one
+sentence naming the fix, so that a dry run refuses what training would. Values left as `None`
+are filled in later from the scaling plan (`--heads` → dimensions, LR, weight decay, iterations).
 """
 
 from __future__ import annotations
@@ -19,9 +22,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
+import os
+import re
+import typing
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import yaml
 from omegaconf import OmegaConf
@@ -29,9 +37,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from danastar.errors import UserError
 from danastar.models import ARCHITECTURES, ModelConfig
-from danastar.optim.dana_family import DEFAULT_DELTA, DEFAULT_KAPPA
+from danastar.models.config import INITS
+from danastar.optim import registry
 from danastar.optim.schedules import SCHEDULES
-from danastar.scaling import DEFAULT_OMEGA, Plan, make_plan
+from danastar.scaling import DEFAULT_OMEGA, Plan, make_plan, optimizers
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # the presets, shipped inside the package
 DEFAULT_PRESET = "cpu_shakespeare"
@@ -56,8 +65,10 @@ class OptimSection:
     lr: Optional[float] = None  # None: the fitted law γ*(P) of the scaling plan
     weight_decay: Optional[float] = None  # None: from omega (see the scaling plan)
     omega: float = DEFAULT_OMEGA
-    kappa: float = DEFAULT_KAPPA
-    delta: float = DEFAULT_DELTA
+    # None: not given, so the optimizer's default (0.85, 8); the plan shows the value used. Given
+    # to an optimizer that does not use them, they are refused rather than silently ignored.
+    kappa: Optional[float] = None
+    delta: Optional[float] = None
     clipsnr: Optional[float] = None  # *-mk4 optimizers only; None: their default 2.0
     grad_clip: float = 0.5  # global L2 norm; 0 disables clipping (the norm is still logged)
     scheduler: str = "cos_inf"
@@ -177,14 +188,38 @@ FLAGS: dict[str, tuple[str, type, str]] = {
 }
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are one UserError sentence (exit 2), not usage text and exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(argparse_sentence(message))
+
+
+def argparse_sentence(message: str) -> str:
+    """argparse's own complaint ("argument --lr: expected one argument") as a sentence with the
+    fix."""
+    flag, sep, problem = message.partition(": ")
+    if not sep or not flag.startswith("argument "):
+        return f"{message}; run `danastar train --help` for the flags."
+    flag = flag.removeprefix("argument ").split("/")[0]
+    if problem == "expected one argument":
+        return f"{flag} needs a value, e.g. {flag} VALUE."
+    if problem.startswith("ignored explicit argument"):
+        return f"{flag} takes no value; write {flag} alone."
+    if problem.startswith("takes "):  # from `flag_type`: already names what the flag takes
+        return f"{flag} {problem}"
+    return f"{flag}: {problem}; run `danastar train --help` for the flags."
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="danastar train",
         description="Train a language model. With no arguments: a small Enoki model with ADana on "
         "the embedded Shakespeare corpus, on the CPU, in a few minutes.",
         epilog="Any config key can also be set as section.key=value, e.g. train.eval_batches=8 "
         "checkpoint.latest_every=50. See docs/training.md.",
         argument_default=argparse.SUPPRESS,  # only flags actually given take part in the merge
+        allow_abbrev=False,  # `--seq 64` must not silently mean --sequence_length
     )
     parser.add_argument(
         "--config",
@@ -195,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry_run", action="store_true", help="print the resolved plan as JSON and exit"
     )
     for flag, (_, kind, help_text) in FLAGS.items():
-        parser.add_argument(f"--{flag}", type=kind, help=help_text)
+        parser.add_argument(f"--{flag}", type=flag_type(kind), help=help_text)
     parser.add_argument(
         "--no_wandb", dest="wandb", action="store_false", help="disable Weights & Biases"
     )
@@ -220,9 +255,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def flag_type(kind: type):
+    """argparse's `type=` for a flag: the same reading rules as dotted overrides."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse_text(text, kind, optional=False)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def unknown_flag(token: str, parser: argparse.ArgumentParser) -> UserError:
+    """A flag the parser does not know, with the nearest one it does (`--dry-run` → `--dry_run`)."""
+    name = token.split("=", 1)[0]
+    bare = name.lstrip("-")
+    if bare in all_keys():
+        return UserError(f"{name} is a config key, not a flag; write it as {bare}=VALUE.")
+    known = [option for action in parser._actions for option in action.option_strings
+             if option.startswith("--")]
+    normalised = "--" + bare.replace("-", "_")
+    if normalised in known:
+        return UserError(f"unknown flag {name}; did you mean {normalised}?")
+    completions = [flag for flag in known if flag.startswith(normalised)]
+    if completions:  # an abbreviation: argparse would have taken it silently
+        return UserError(f"unknown flag {name}; flags are written in full, e.g. "
+                         f"{' or '.join(completions[:3])}.")
+    close = difflib.get_close_matches(normalised, known, n=1, cutoff=0.6)
+    if close:
+        return UserError(f"unknown flag {name}; did you mean {close[0]}?")
+    return UserError(f"unknown flag {name}; run `danastar train --help` for the flags, or set any "
+                     "config key as section.key=value.")
+
+
 def preset_path(name_or_path: str) -> Path:
     """A YAML file by path, or a preset name from configs/ (e.g. `cpu_shakespeare`)."""
     path = Path(name_or_path)
+    if path.is_dir():
+        raise UserError(f"--config {name_or_path} is a directory; pass a YAML file in it (or a "
+                        "preset name from configs/).")
     if path.is_file():
         return path
     candidate = CONFIGS_DIR / f"{name_or_path.removesuffix('.yaml')}.yaml"
@@ -236,8 +309,12 @@ def preset_path(name_or_path: str) -> Path:
 
 def load_config(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     """Parse `danastar train` arguments into a merged, validated config (plus the raw namespace)."""
-    args = build_parser().parse_intermixed_args(argv)
-    flags, dotted = flags_to_dict(args), dotted_to_dict(getattr(args, "overrides", []))
+    parser = build_parser()
+    args, extras = parser.parse_known_intermixed_args(argv)
+    if extras:  # parse_known so that a misspelt flag gets a suggestion, not a usage dump
+        raise unknown_flag(extras[0], parser)
+    flags = flags_to_dict(args)
+    dotted = typed_values(dotted_to_dict(getattr(args, "overrides", [])))
     config_file = getattr(args, "config", None)
     if (
         config_file is None
@@ -245,16 +322,47 @@ def load_config(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
         and "heads" not in dotted.get("model", {})
     ):
         config_file = DEFAULT_PRESET  # no --config and no --heads: the CPU run on Shakespeare
-    layers = [read_yaml(preset_path(config_file))] if config_file else []
+    layers = []
+    if config_file:
+        path = preset_path(config_file)
+        layers.append(typed_values(read_yaml(path), f" in {path}"))
     return merge([*layers, flags, dotted]), args
+
+
+class StrictLoader(yaml.BaseLoader):
+    """Every scalar as its text (each is then read by its field's type, see `parse_text`), and a
+    key given twice is an error instead of the last one silently winning."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        loaded = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
         raise UserError(
-            f"config file {path} is not valid YAML ({str(error).splitlines()[0]}); fix its syntax."
+            f"config file {path} is not UTF-8 text (byte {error.object[error.start]:#04x} at "
+            f"offset {error.start}); save it as UTF-8."
+        ) from None
+    except OSError as error:
+        raise UserError(f"cannot read config file {path} ({error.strerror}); check the path and "
+                        "its permissions.") from None
+    try:
+        loaded = yaml.load(text, Loader=StrictLoader) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise UserError(
+            f"config file {path} is not valid YAML ({problem}{where}); fix it."
         ) from None
     if not isinstance(loaded, dict):
         raise UserError(
@@ -273,15 +381,16 @@ def flags_to_dict(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def dotted_to_dict(overrides: list[str]) -> dict[str, Any]:
+    """`section.key=value` overrides as a nested dict of their texts (read by `typed_values`)."""
     dotted = {}
     for item in overrides:
         key, sep, value = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise UserError(
                 f"cannot read {item!r}; overrides are written section.key=value (e.g. "
                 "train.seed=1)."
             )
-        dotted[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        dotted[key.strip()] = value
     return nest(dotted)
 
 
@@ -290,10 +399,79 @@ def nest(dotted: dict[str, Any]) -> dict[str, Any]:
     for key, value in dotted.items():
         *sections, leaf = key.split(".")
         node = nested
-        for section in sections:
+        for depth, section in enumerate(sections, 1):
             node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                given = ".".join(sections[:depth])
+                raise UserError(f"cannot set {key} because {given} is also given a value "
+                                f"({node!r}); give one or the other.")
         node[leaf] = value
     return nested
+
+
+# Values given as text (YAML files, dotted overrides) are read by their field's declared type with
+# the YAML 1.2 core rules: `1:2` is not the sexagesimal 62 and `010` is not the octal 8 as in
+# YAML 1.1, `no` is not false, and a text field keeps its text as written (`run_dir=010`).
+INT_TEXT = re.compile(r"[-+]?[0-9]+")
+FLOAT_TEXT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?"
+                        r"|[-+]?\.?(inf|Inf|INF|infinity)|\.?(nan|NaN|NAN)")
+NULL_TEXTS = ("", "~", "null", "Null", "NULL")  # an Optional field back to unset
+WHAT_IT_TAKES = {
+    int: "a whole number in decimal (e.g. 100)",
+    float: "a number (e.g. 0.5 or 3e-4)",
+    bool: "true or false",
+    str: "text",
+}
+
+
+def parse_text(text: str, kind: type, optional: bool) -> Any:
+    """One value from its text by the declared type; ValueError says what the field takes."""
+    if optional and text.strip() in NULL_TEXTS:
+        return None
+    if kind is str:
+        return text
+    stripped = text.strip()
+    if kind is bool and stripped.lower() in ("true", "false"):
+        return stripped.lower() == "true"
+    if kind is int and INT_TEXT.fullmatch(stripped):
+        return int(stripped)
+    if kind is float and FLOAT_TEXT.fullmatch(stripped):
+        return float(stripped.replace(".inf", "inf").replace(".nan", "nan")
+                     .replace(".Inf", "inf").replace(".INF", "inf"))
+    unset = " or null (unset)" if optional else ""
+    raise ValueError(f"takes {WHAT_IT_TAKES[kind]}{unset}, not {text!r}.")
+
+
+@lru_cache(maxsize=None)
+def field_kinds(schema: type) -> dict[str, tuple[type, bool]]:
+    """Each plain field of a section: (its type, whether it may be None)."""
+    kinds = {}
+    for name, hint in typing.get_type_hints(schema).items():
+        args = typing.get_args(hint)
+        concrete = [arg for arg in args if arg is not type(None)]
+        kinds[name] = (concrete[0] if concrete else hint, len(concrete) < len(args))
+    return kinds
+
+
+def typed_values(layer: dict[str, Any], source: str = "", schema: type = TrainConfig,
+                 prefix: str = "") -> dict[str, Any]:
+    """A layer of texts (YAML file, dotted overrides) with each value read by its field's type."""
+    check_keys(layer, schema, prefix)
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    typed = {}
+    for key, value in layer.items():
+        section = section_type(fields[key])
+        if section is not None:
+            typed[key] = typed_values(value, source, section, f"{prefix}{key}.")
+            continue
+        kind, optional = field_kinds(schema)[key]
+        if not isinstance(value, str):
+            raise UserError(f"{prefix}{key}{source} takes {WHAT_IT_TAKES[kind]}, not {value!r}.")
+        try:
+            typed[key] = parse_text(value, kind, optional)
+        except ValueError as error:
+            raise UserError(f"{prefix}{key}{source} {error}") from None
+    return typed
 
 
 def merge(layers: list[dict[str, Any]]) -> TrainConfig:
@@ -353,41 +531,97 @@ def all_keys(schema: type = TrainConfig, prefix: str = "") -> list[str]:
 
 
 BACKENDS = ("auto", "single", "ddp", "fsdp", "zero2", "hsdp")
+FLAG_OF_KEY = {key: f"--{flag}" for flag, (key, _, _) in FLAGS.items()}
+MAX_SEED = 2**63 - 1  # what torch.manual_seed and numpy take
+
+# What each number must be: (key, test, requirement, what to do instead). An unset (None) value
+# is left to the scaling plan; a float must also be finite (`--lr inf` would train NaN).
+AT_LEAST_1 = (lambda value: value >= 1, "at least 1")
+NON_NEGATIVE = (lambda value: value >= 0, "at least 0")
+POSITIVE = (lambda value: value > 0, "greater than 0")
+A_SEED = (lambda value: 0 <= value <= MAX_SEED, "between 0 and 2**63 - 1")
+NUMBER_RULES: list[tuple[str, Any, str, str]] = [
+    ("model.heads", *AT_LEAST_1, ""),
+    ("model.n_layer", *AT_LEAST_1, "leave it unset for the size --heads implies"),
+    ("model.n_embd", *AT_LEAST_1, "leave it unset for the size --heads implies"),
+    ("model.n_head", *AT_LEAST_1, "leave it unset for the size --heads implies"),
+    ("model.z_loss", *NON_NEGATIVE, "0 turns the z-loss off"),
+    ("model.residual_scale", *POSITIVE, "1.0 is the default"),
+    ("optim.lr", *POSITIVE, "e.g. --lr 3e-4, or leave it unset for the fitted learning-rate law"),
+    ("optim.weight_decay", *NON_NEGATIVE, "leave it unset to derive it from --omega"),
+    ("optim.omega", *NON_NEGATIVE, "it is the weight-decay strength, and 0 turns weight decay "
+     "off"),
+    ("optim.kappa", lambda value: 0 < value <= 1, "in (0, 1]",
+     "leave it unset for the default 0.85"),
+    ("optim.delta", *POSITIVE, "leave it unset for the default 8"),
+    ("optim.clipsnr", *POSITIVE, "leave it unset for the default 2.0"),
+    ("optim.grad_clip", *NON_NEGATIVE, "0 turns clipping off"),
+    ("optim.warmup_steps", *NON_NEGATIVE, "leave it unset for iterations // 50"),
+    ("train.iterations", *AT_LEAST_1, "leave it unset for the Chinchilla budget"),
+    ("train.iterations_to_run", *AT_LEAST_1, "leave it unset to run to the end"),
+    ("train.batch_size", *AT_LEAST_1, ""),
+    ("train.acc_steps", *AT_LEAST_1, ""),
+    ("train.sequence_length", *AT_LEAST_1, ""),
+    ("train.seed", *A_SEED, ""),
+    ("train.eval_interval", *AT_LEAST_1, ""),
+    ("train.eval_batches", *AT_LEAST_1, ""),
+    ("train.final_eval_batches", *AT_LEAST_1,
+     "leave it unset to evaluate on the whole validation set"),
+    ("train.log_interval", *AT_LEAST_1, ""),
+    ("train.max_nonfinite_steps", *AT_LEAST_1, ""),
+    ("train.peak_flops", *POSITIVE, "leave it unset to look the device up"),
+    ("train.sample_tokens", *NON_NEGATIVE, "0 turns the sample off"),
+    ("data.data_seed", *A_SEED, "leave it unset to use train.seed"),
+    ("parallel.nproc", *AT_LEAST_1, ""),
+    ("parallel.tp_size", *AT_LEAST_1, "1 turns tensor parallelism off"),
+    ("parallel.hsdp_replicas", *AT_LEAST_1, ""),
+    ("parallel.activation_checkpointing", *NON_NEGATIVE,
+     "0 turns it off, n checkpoints every n-th block"),
+    ("checkpoint.keep_latest", *AT_LEAST_1, ""),
+    ("checkpoint.permanent_every", *NON_NEGATIVE, "0 turns permanent checkpoints off"),
+]
+
+
+def named(key: str) -> str:
+    """A key as the user may have given it, e.g. `optim.lr (--lr)`."""
+    flag = FLAG_OF_KEY.get(key)
+    return f"{key} ({flag})" if flag else key
+
+
+def value_at(config: TrainConfig, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(config, section), name)
 
 
 def validate(config: TrainConfig) -> None:
-    """Checks that need no world size; the batch layout is checked by `batch_layout`."""
+    """Everything that needs neither the world size nor the plan: the batch layout is checked by
+    `batch_layout`, what depends on the model's shape by `make_run_plan`."""
     choose("model.arch", config.model.arch, ARCHITECTURES)
+    choose("model.init", config.model.init, INITS)
     choose("parallel.backend", config.parallel.backend, BACKENDS)
     choose("train.device", config.train.device, ("auto", "cpu", "cuda"))
     choose("train.autocast", config.train.autocast, ("auto", "bf16", "off"))
     choose("parallel.reduce_dtype", config.parallel.reduce_dtype, ("auto", "bf16", "fp32"))
     choose("optim.scheduler", config.optim.scheduler, tuple(SCHEDULES))
-    positive = {
-        "model.heads": config.model.heads,
-        "train.batch_size": config.train.batch_size,
-        "train.acc_steps": config.train.acc_steps,
-        "train.sequence_length": config.train.sequence_length,
-        "train.eval_interval": config.train.eval_interval,
-        "train.log_interval": config.train.log_interval,
-        "train.eval_batches": config.train.eval_batches,
-        "parallel.nproc": config.parallel.nproc,
-        "parallel.tp_size": config.parallel.tp_size,
-        "parallel.hsdp_replicas": config.parallel.hsdp_replicas,
-        "train.max_nonfinite_steps": config.train.max_nonfinite_steps,
-        "checkpoint.keep_latest": config.checkpoint.keep_latest,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise UserError(f"{key} must be at least 1 (got {value}).")
-    for key, value in {
-        "train.iterations": config.train.iterations,
-        "train.iterations_to_run": config.train.iterations_to_run,
-    }.items():
-        if value is not None and value < 1:
-            raise UserError(
-                f"{key} must be at least 1 (got {value}); leave it unset for the default."
-            )
+    if not registry.is_prefixed(config.optim.name):
+        choose("optim.name (--opt)", config.optim.name, tuple(optimizers()),
+               also="torch:<Name> or pytorch_optimizer:<name>")
+    for key, test, requirement, fix in NUMBER_RULES:
+        value = value_at(config, key)
+        if value is None:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            requirement = "a finite number"
+        elif test(value):
+            continue
+        instead = f"; {fix}" if fix else ""
+        raise UserError(f"{named(key)} must be {requirement} (got {value!r}){instead}.")
+    if not config.data.dataset.strip():
+        raise UserError("data.dataset (--dataset) is empty; give a prepared data directory, "
+                        "shakespeare or synthetic.")
+    if config.logging.run_dir is not None and not config.logging.run_dir.strip():
+        raise UserError("logging.run_dir (--run_dir) is empty; give a directory, or leave it "
+                        "unset for runs/<dataset>-<arch>-<opt>-h<heads>-s<seed>.")
     if config.checkpoint.latest_every == 0 or config.checkpoint.latest_every < -1:
         raise UserError(
             "checkpoint.latest_every must be a positive number of steps, or -1 to disable."
@@ -401,10 +635,12 @@ def validate(config: TrainConfig) -> None:
         raise UserError("parallel.hsdp_replicas needs --distributed_backend hsdp.")
 
 
-def choose(key: str, value: str, choices: tuple[str, ...]) -> None:
+def choose(key: str, value: str, choices: tuple[str, ...], also: str = "") -> None:
     if value not in choices:
         close = difflib.get_close_matches(value, choices, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"choose one of: {', '.join(choices)}."
+        others = f", or {also}" if also else ""
+        hint = (f"did you mean {close[0]!r}?" if close
+                else f"choose one of: {', '.join(choices)}{others}.")
         raise UserError(f"{key} {value!r} is not known; {hint}")
 
 
@@ -431,6 +667,11 @@ def batch_layout(config: TrainConfig, world_size: int) -> BatchLayout:
     """Split `--batch_size` (global, per micro-step) over the data-parallel ranks, or say why
     not."""
     tp, replicas = config.parallel.tp_size, config.parallel.hsdp_replicas
+    if world_size > 1 and config.parallel.backend == "single":
+        raise UserError(
+            f"--distributed_backend single cannot run {world_size} processes; use ddp or fsdp "
+            "(or --nproc 1)."
+        )
     if world_size % tp:
         raise UserError(
             f"parallel.tp_size {tp} does not divide the world of {world_size} processes; "
@@ -507,7 +748,7 @@ def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int)
         "n_head": config.model.n_head,
     }
     try:
-        return make_plan(
+        plan = make_plan(
             config.model.arch,
             config.optim.name,
             config.model.heads,
@@ -524,3 +765,44 @@ def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int)
         )
     except ValueError as error:
         raise UserError(f"{str(error).rstrip('.')}.") from None
+    check_plan(config, plan)
+    return plan
+
+
+def check_plan(config: TrainConfig, plan: Plan) -> None:
+    """What depends on the planned model and budget, checked before any process starts."""
+    if plan.warmup_steps > plan.iterations:
+        raise UserError(
+            f"{named('optim.warmup_steps')} {plan.warmup_steps} is longer than the run's "
+            f"{plan.iterations} iterations; use at most {plan.iterations} warm-up steps."
+        )
+    tp = config.parallel.tp_size
+    for name, size in (("attention heads (n_head)", plan.n_head),
+                       ("MLP hidden units (mlp_hidden)", plan.mlp_hidden)):
+        if size % tp:
+            raise UserError(
+                f"parallel.tp_size {tp} does not divide the model's {size} {name}; choose a "
+                f"tp_size that divides both {plan.n_head} and {plan.mlp_hidden}."
+            )
+
+
+def run_directory(config: TrainConfig) -> Path:
+    """Where this run's files go: --run_dir, or runs/<a name from the run's meaning> (see
+    `default_run_dir`)."""
+    return Path(config.logging.run_dir) if config.logging.run_dir else default_run_dir(config)
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse a run directory that cannot be created or written, before anything is started or
+    written (a dry run creates nothing: the nearest existing directory must be writable)."""
+    fix = "pass another --run_dir"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"run directory {run_dir} is a file; {fix} or move the file away.")
+    existing = next(path for path in (run_dir, *run_dir.parents) if path.exists())
+    if not existing.is_dir():
+        raise UserError(f"run directory {run_dir} cannot be created because {existing} is a "
+                        f"file; {fix}.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is" if existing == run_dir else f"cannot be created in {existing}, which is"
+        raise UserError(f"run directory {run_dir} {what} not writable; {fix} or make it "
+                        "writable.")

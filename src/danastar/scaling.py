@@ -188,13 +188,15 @@ def json_ready(value: Any) -> Any:
 
 def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_steps: int = 1,
               seq_len: int = 2048, vocab_size: int = 50257, world_size: int = 1,
-              kappa: float = DEFAULT_KAPPA, delta: float = DEFAULT_DELTA,
+              kappa: float | None = None, delta: float | None = None,
               omega: float = DEFAULT_OMEGA,
               clipsnr: float | None = None, **overrides: Any) -> Plan:
     """The run plan for ``heads`` heads; ``batch_size · acc_steps`` is the global batch.
 
     ``overrides`` (any of ``PLAN_OVERRIDES``) replace a derived value, and everything derived
     from it follows: e.g. ``iterations`` sets warm-up, ``wd_ts`` and the weight decay.
+    ``kappa``, ``delta`` and ``clipsnr`` left None take the optimizer's defaults; given to an
+    optimizer that does not use them, they are refused (ValueError) rather than ignored.
     """
     _check_opt(opt)
     unknown = sorted(set(overrides) - set(PLAN_OVERRIDES))
@@ -209,9 +211,17 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
     snr_clipped = registry.snr_clipped(opt)
     if clipsnr is not None and not snr_clipped:
         clipped = [name for name in registry.OPTIMIZERS if registry.snr_clipped(name)]
-        raise ValueError(f"clipsnr applies only to {', '.join(clipped)}")
+        raise ValueError(f"clipsnr applies only to {', '.join(clipped)}, not {opt}; drop it or "
+                         "choose one of those optimizers")
     if snr_clipped and clipsnr is None:
         clipsnr = DEFAULT_CLIPSNR
+    for name, value in (("kappa", kappa), ("delta", delta)):
+        if value is not None and not takes_run_setting(opt, name):
+            users = [other for other in registry.OPTIMIZERS if takes_run_setting(other, name)]
+            raise ValueError(f"{name} applies only to {', '.join(users)}, not {opt}; drop it or "
+                             "choose one of those optimizers")
+    kappa = DEFAULT_KAPPA if kappa is None else kappa
+    delta = DEFAULT_DELTA if delta is None else delta
 
     shape = {**dimensions(arch, heads),
              **{k: overrides[k] for k in ("n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden")
@@ -274,6 +284,16 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
         weight_decay=weight_decay, wd_ts=wd_ts, kappa=kappa, delta=delta, omega=omega,
         clipsnr=clipsnr, optimizer_hparams=hparams,
     )
+
+
+def takes_run_setting(opt: str, name: str) -> bool:
+    """Whether the run setting ``name`` (``kappa`` or ``delta``) reaches optimizer ``opt``: its
+    hyperparameters change when the setting does (the registry's functions are the one source)."""
+    base = registry.RunSettings(iterations=1000, kappa=DEFAULT_KAPPA, delta=DEFAULT_DELTA,
+                                clipsnr=None, weight_decay=0.0, wd_ts=100,
+                                weight_decay_given=False)
+    changed = dataclasses.replace(base, **{name: getattr(base, name) / 2})
+    return registry.run_hparams(opt, base) != registry.run_hparams(opt, changed)
 
 
 def ladder_table(arch: str, opt: str, heads: list[int], **plan_kwargs: Any) -> str:

@@ -182,9 +182,9 @@ def test_impossible_batch_layout_is_one_sentence_and_exit_2(capsys):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--kappa", "1.5"], "kappa must be in (0, 1]"),
-        (["--opt", "dana-star-mk4", "--clipsnr", "0"], "clipsnr must be None or > 0"),
-        (["--lr", "-1"], "lr must be >= 0"),
+        (["--kappa", "1.5"], "optim.kappa (--kappa) must be in (0, 1]"),
+        (["--opt", "dana-star-mk4", "--clipsnr", "0"], "(--clipsnr) must be greater than 0"),
+        (["--lr", "-1"], "optim.lr (--lr) must be greater than 0"),
     ],
 )
 def test_dry_run_rejects_the_optimizer_settings_training_would_reject(capsys, flags, message):

@@ -15,8 +15,17 @@ import json
 import os
 from pathlib import Path
 
-from danastar.config import TrainConfig, batch_layout, load_config, make_run_plan, model_config
+from danastar.config import (
+    TrainConfig,
+    batch_layout,
+    check_run_dir,
+    load_config,
+    make_run_plan,
+    model_config,
+    run_directory,
+)
 from danastar.data.prepared import META_FILE, RAW_META, prepared_format
+from danastar.errors import UserError
 
 
 def main(argv: list[str]) -> int:
@@ -26,16 +35,25 @@ def main(argv: list[str]) -> int:
     from danastar.launch.env import export_torch_environment
 
     export_torch_environment()
+    # What training would refuse is refused here, as the dry run does: once (not by each of N
+    # workers), before data is prepared, a process is started or a file is written.
+    planned = dry_run(config)
     if getattr(args, "dry_run", False):
-        print(json.dumps(dry_run(config), indent=2))
+        print(json.dumps(planned, indent=2))
         return 0
     from danastar.launch.local import launch, under_torchrun
 
+    if not under_torchrun():
+        # Facts of this machine, which a dry run (planning for any machine) does not check: here
+        # they are refused once rather than by each worker, and before data is prepared.
+        check_this_machine(config)
     if config.parallel.nproc > 1 and not under_torchrun():
-        from danastar.config import default_run_dir  # the workers' stop file goes there
+        if config.data.dataset != "synthetic":
+            from danastar.data.prepare import ensure_prepared
 
-        run_dir = config.logging.run_dir or default_run_dir(config)
-        return launch(config.parallel.nproc, argv, Path(run_dir))
+            ensure_prepared(config.data.dataset)  # missing data is one message; prepared once
+        # The workers' stop file goes in the run directory.
+        return launch(config.parallel.nproc, argv, run_directory(config))
     from danastar.train.loop import train
 
     return train(config)
@@ -49,6 +67,7 @@ def dry_run(config: TrainConfig, world_size: int | None = None) -> dict:
     vocab_size, vocab_from = planned_vocab_size(config.data.dataset)
     plan = make_run_plan(config, vocab_size, layout.data_parallel_size)
     check_optimizer_settings(plan, config)
+    check_run_dir(run_directory(config))
     return {
         "plan": plan.to_dict(),
         "batch_layout": layout.to_dict(),
@@ -56,6 +75,26 @@ def dry_run(config: TrainConfig, world_size: int | None = None) -> dict:
         "vocab_size_from": vocab_from,
         "config": config.to_dict(),
     }
+
+
+def check_this_machine(config: TrainConfig) -> None:
+    """This machine has the devices the processes will ask for and the trackers asked for."""
+    import importlib.util
+
+    import torch
+
+    from danastar.train.parallel import choose_device
+
+    device = choose_device(config.train.device)
+    nproc, gpus = config.parallel.nproc, torch.cuda.device_count()
+    if device.type == "cuda" and nproc > gpus:
+        raise UserError(f"--nproc {nproc} starts one process per GPU but this machine has {gpus}; "
+                        f"use --nproc {gpus} or less (or train.device=cpu).")
+    if config.logging.wandb and importlib.util.find_spec("wandb") is None:
+        raise UserError("wandb is not installed; pip install 'danastar[wandb]' or pass --no_wandb.")
+    if config.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise UserError("TensorBoard is not installed; pip install 'danastar[tensorboard]' or drop "
+                        "logging.tensorboard.")
 
 
 def check_optimizer_settings(plan, config: TrainConfig) -> None:

@@ -51,7 +51,7 @@ class Distributed:
 def choose_device(requested: str) -> torch.device:
     if requested == "cuda" and not torch.cuda.is_available():
         raise UserError(
-            "--device cuda was asked for but no CUDA device is visible; use train.device=cpu."
+            "train.device=cuda was asked for but no CUDA device is visible; use train.device=cpu."
         )
     if requested == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
