@@ -175,3 +175,14 @@ def test_a_two_node_job_trains_as_two_torchrun_workers(two_nodes, tmp_path, refe
     assert fields["JobState"] == "COMPLETED" and fields["NumNodes"] == "2", log
     assert "2 process(es), backend ddp" in log
     assert compared(run_dir) == reference(RUN, torchrun=2)
+
+
+def test_torchrun_per_node_trains_as_two_torchrun_workers(two_nodes, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    job = job_id(submit(two_nodes, [*TINY, *RUN, "--nodes", "2", "--launcher", "torchrun",
+                                    "--time", "30", "--run_dir", str(run_dir)], tmp_path))
+    fields = two_nodes.wait_job(job, timeout=180)
+    log = segment_log(run_dir)
+    assert fields["JobState"] == "COMPLETED", log
+    assert "2 process(es), backend ddp" in log
+    assert compared(run_dir) == reference(RUN, torchrun=2)

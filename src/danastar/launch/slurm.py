@@ -95,12 +95,14 @@ def launch_command(job: Job) -> str:
     if job.launcher == "srun":
         # One task per GPU (or per --tasks_per_node); each finds its rank from SLURM's variables.
         return f"srun --kill-on-bad-exit=1 {train}"
-    # One task per node running torchrun; c10d rendezvous on the head node, keyed by the job id.
+    # One task per node running torchrun; c10d rendezvous on the head node, keyed by the job id
+    # (its port too, so that two jobs sharing a head node do not collide).
     return (
         'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
         f'srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$PYTHON" -m torch.distributed.run '
         f'--nnodes="$SLURM_NNODES" --nproc_per_node={job.tasks_per_node} '
-        '--rdzv_backend=c10d --rdzv_endpoint="$HEAD_NODE:29400" --rdzv_id="$SLURM_JOB_ID" '
+        '--rdzv_backend=c10d --rdzv_endpoint="$HEAD_NODE:$((20000 + SLURM_JOB_ID % 20000))" '
+        '--rdzv_id="$SLURM_JOB_ID" '
         '-m danastar train "${TRAIN_ARGS[@]}" --run_dir "$RUN_DIR"'
     )
 
