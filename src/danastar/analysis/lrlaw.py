@@ -83,7 +83,19 @@ class LRLawFit:
     interval: dict[str, tuple[float, float]]  # 95% percentile intervals of a, b, d
     predictions: dict[float, tuple[float, float, float]]  # P -> (γ, low, high)
     points: dict[float, list[WeightedPoint]]  # the top-K points used, per size
-    bootstrap_samples: int  # resamples that had enough distinct sizes to fit
+    samples: np.ndarray  # (a, b, d) of each bootstrap resample that could be fitted
+
+    @property
+    def bootstrap_samples(self) -> int:
+        return len(self.samples)
+
+    def band(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The 95% bootstrap band of γ at each P."""
+        if not len(self.samples):
+            return self.lr(params), self.lr(params)
+        spread = law(self.samples[:, :1], self.samples[:, 1:2], self.samples[:, 2:3],
+                     np.asarray(params, dtype=float)[None, :])
+        return np.percentile(spread, 2.5, axis=0), np.percentile(spread, 97.5, axis=0)
 
     def lr(self, params: float | np.ndarray) -> np.ndarray:
         return law(self.a, self.b, self.d, params)
@@ -119,7 +131,7 @@ def fit_lr_law(points: Sequence[SweepPoint], *, k: int = 5, omega: float = 4.0,
         spread = law(arr[:, 0], arr[:, 1], arr[:, 2], size)
         predictions[float(size)] = (float(law(a, b, d, size)), float(np.percentile(spread, 2.5)),
                                     float(np.percentile(spread, 97.5)))
-    return LRLawFit(a, b, d, interval, predictions, chosen, len(samples))
+    return LRLawFit(a, b, d, interval, predictions, chosen, np.array(samples).reshape(-1, 3))
 
 
 def sweep_points(rows: Sequence[Mapping[str, float]]) -> list[SweepPoint]:

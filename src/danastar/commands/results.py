@@ -1,7 +1,7 @@
 """`danastar results [DIRS ...]`: the table of runs found in run or sweep directories.
 
     danastar results runs/lr-sweep                 # every run: state, losses, compute
-    danastar results runs/lr-sweep --best          # best LR per (optimizer, size), seeds mean ± s.e.
+    danastar results runs/lr-sweep --best          # best LR per optimizer and size (seeds: ± s.e.)
     danastar results runs/lr-sweep --vs adamw      # ... with the compute multiplier vs AdamW
     danastar results runs/lr-sweep --csv out.csv   # or --json out.json ('-': standard output)
 """
