@@ -28,8 +28,10 @@ def synthetic_loss(opt: str, lr_ratio: float, pfh: float) -> float:
 
 def write_run(root: Path, opt: str, heads: int, *, lr_ratio: float = 1.0, seed: int = 0,
               iterations: int | None = None, evals: int = 5, stop_at: int | None = None,
-              noise: float = 0.0) -> Path:
-    """One run directory under ``root``; ``stop_at`` leaves it partial at that step."""
+              noise: float = 0.0, optimum_spread: float = 0.0) -> Path:
+    """One run directory under ``root``; ``stop_at`` leaves it partial at that step;
+    ``optimum_spread`` moves this size's optimum off the law by a log-normal factor (the same
+    for every LR and seed of the size)."""
     overrides = {} if iterations is None else {"iterations": iterations}
     plan = scaling.make_plan("enoki", opt, heads, batch_size=32, seq_len=2048,
                              **overrides).to_dict()
@@ -44,6 +46,7 @@ def write_run(root: Path, opt: str, heads: int, *, lr_ratio: float = 1.0, seed: 
         {"model": {"arch": "enoki", "heads": heads}, "optim": {"name": opt, "omega": 4.0},
          "train": {"iterations": iterations, "seed": seed}}))
     rng = np.random.default_rng(seed + 1000 * heads)
+    lr_ratio = lr_ratio / math.exp(np.random.default_rng(heads).normal(0, optimum_spread))
     # compute in PFH scaled up so that the sizes span the range of the paper's figure
     scale = 1e6
     lines = []

@@ -67,9 +67,10 @@ def _fit(points: Sequence[WeightedPoint]) -> tuple[float, float, float]:
         return sqrt_w * (log_a + d * np.log(np.exp(log_b) + params) - log_lr)
 
     a0, b0, d0 = START
-    # b within [1, 1e12]: b ≪ P leaves it undetermined, and exp(log b) must not overflow
+    # b within [1, 1e12] and d within [−3, 1]: a resample of few sizes can leave b undetermined,
+    # and the fit must not run off to values whose exponentials overflow
     solution = least_squares(residuals, [math.log(a0), math.log(b0), d0], method="trf",
-                             bounds=([-np.inf, 0.0, -np.inf], [np.inf, math.log(1e12), np.inf]),
+                             bounds=([-200.0, 0.0, -3.0], [200.0, math.log(1e12), 1.0]),
                              x_scale="jac", max_nfev=5000)
     log_a, log_b, d = solution.x
     return float(math.exp(log_a)), float(math.exp(log_b)), float(d)
