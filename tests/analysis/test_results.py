@@ -55,9 +55,11 @@ def test_vs_adamw_adds_the_multiplier_and_csv_writes_a_file(sweep, capsys, tmp_p
     rows = results_json(capsys, str(sweep), "--vs", "adamw")
     for row in rows:
         if row["optimizer"] == "adamw":
-            assert row["multiplier"] == 1.0
+            assert row["multiplier"] == 1.0 and row["saved_fraction"] is None
         else:  # the synthetic Dana-Star-MK4 has the lower loss at every size
             assert row["multiplier"] > 1.0 and row["multiplier_kind"] != "baseline"
+            # it reaches AdamW's final loss early: the saving goes with the multiplier
+            assert row["saved_fraction"] == pytest.approx(1 - 1 / row["multiplier"], abs=0.2)
     out = tmp_path / "best.csv"
     assert main(["results", str(sweep), "--vs", "adamw", "--csv", str(out)]) == 0
     with out.open() as handle:

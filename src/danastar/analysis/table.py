@@ -95,10 +95,14 @@ def check_baseline(best: Sequence[Best], baseline: str) -> list[tuple[float, flo
     return points
 
 
-def with_multipliers(best: Sequence[Best], baseline: str) -> list[dict[str, Any]]:
+def with_multipliers(best: Sequence[Best], baseline: str,
+                     runs: Sequence[Run] = ()) -> list[dict[str, Any]]:
     """The best rows with the measured multiplier vs ``baseline`` (1 for the baseline itself)
-    and how it was obtained (interpolated or extrapolated)."""
+    and how it was obtained (interpolated or extrapolated); with ``runs``, also the fraction of
+    compute saved: how early any complete run of the optimizer at that size first reached the
+    baseline's best final loss there (None if none did)."""
     points = check_baseline(best, baseline)
+    base_loss = {(b.arch, b.heads): b.loss.mean for b in best if b.optimizer == baseline}
     rows = []
     for b in best:
         row = b.row()
@@ -107,5 +111,12 @@ def with_multipliers(best: Sequence[Best], baseline: str) -> list[dict[str, Any]
         else:
             (m,) = multiplier.measured_multipliers(points, [(b.pfh, b.loss.mean)])
             row["multiplier"], row["multiplier_kind"] = m.multiplier, m.kind
+        row["saved_fraction"] = None
+        if runs and b.optimizer != baseline and (b.arch, b.heads) in base_loss:
+            curves = [r.curve("compute") for r in runs if r.complete and r.group == b.optimizer
+                      and r.size == (b.arch, b.heads)]
+            crossing = multiplier.compute_saved(base_loss[(b.arch, b.heads)],
+                                                [c for c in curves if c[0]])
+            row["saved_fraction"] = None if crossing is None else crossing.fraction_saved
         rows.append(row)
     return rows

@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="per (optimizer, size), the LR with the lowest final loss; several "
                              "seeds give mean ± standard error")
     parser.add_argument("--vs", metavar="OPTIMIZER", default=None,
-                        help="add the measured compute multiplier against this optimizer "
+                        help="add the measured compute multiplier against this optimizer, and the "
+                             "fraction of compute saved reaching its final loss at each size "
                              "(implies --best), e.g. adamw")
     parser.add_argument("--csv", metavar="FILE", default=None, help="write CSV ('-': stdout)")
     parser.add_argument("--json", metavar="FILE", default=None, help="write JSON ('-': stdout)")
@@ -51,6 +52,8 @@ def _cell(column: str, value: Any) -> str:
         return f"{value:,.0f}"
     if column == "multiplier":
         return f"{value:.2f}"
+    if column == "saved_fraction":
+        return f"{value:.0%}"
     if isinstance(value, float):
         return f"{value:.4f}"
     return str(value)
@@ -104,8 +107,8 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     runs = records.find_runs(args.dirs)
     if args.vs:
-        rows = table.with_multipliers(table.best_per_size(runs), args.vs)
-        columns = table.BEST_COLUMNS + ("multiplier",)
+        rows = table.with_multipliers(table.best_per_size(runs), args.vs, runs)
+        columns = table.BEST_COLUMNS + ("multiplier", "saved_fraction")
     elif args.best:
         rows = [b.row() for b in table.best_per_size(runs)]
         columns = table.BEST_COLUMNS
