@@ -10,6 +10,7 @@ from typing import Any
 
 from danastar.analysis import multiplier, seeds
 from danastar.analysis.records import Run, complete_runs
+from danastar.errors import UserError
 
 COLUMNS = ("run", "arch", "heads", "optimizer", "lr", "omega", "batch", "steps", "tokens",
            "pfh", "final_loss", "best_loss", "tokens_per_s", "state")
@@ -84,8 +85,6 @@ def baseline_points(best: Sequence[Best], baseline: str) -> list[tuple[float, fl
 
 def check_baseline(best: Sequence[Best], baseline: str) -> list[tuple[float, float]]:
     """The baseline's (PFH, loss) points; UserError when it has fewer than two sizes."""
-    from danastar.errors import UserError
-
     points = baseline_points(best, baseline)
     if len(points) < 2:
         have = sorted({b.optimizer for b in best})
