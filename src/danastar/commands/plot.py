@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from danastar.analysis import plots, records, table
+from danastar.errors import UserError
 
 KINDS = ("scaling", "curves", "lrlaw", "lr-sensitivity")
 
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.top_k < 1 or args.bootstrap < 0 or args.min_lrs < 3:
+        raise UserError("--top_k must be at least 1, --bootstrap at least 0 and --min_lrs at "
+                        "least 3 (a parabola has three coefficients).")
     runs = records.find_runs(args.dirs)
     out = args.out or Path(args.kind)
     if args.kind == "scaling":
