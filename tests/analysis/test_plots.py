@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from fake_runs import write_run
 
 from danastar.analysis import plots, records, table
 from danastar.cli import main
@@ -86,3 +89,18 @@ def test_lr_sensitivity_figure(sweep):
     # the synthetic sweeps: AdamW's curvature 0.08, Dana-Star-MK4's 0.04
     assert zeta["adamw"] == pytest.approx([0.08] * 3, rel=0.1)
     assert zeta["dana-star-mk4"] == pytest.approx([0.04] * 3, rel=0.15)
+
+
+def test_lr_sensitivity_draws_no_parabola_without_a_minimum(tmp_path):
+    # a hump: the loss rises then falls across the swept LRs, so no parabola has a minimum
+    for ratio, loss in ((0.25, 3.0), (0.5, 3.5), (1.0, 3.55)):
+        run_dir = write_run(tmp_path, "adamw", 4, lr_ratio=ratio, iterations=100)
+        lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        lines[-1]["val_loss"] = loss
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    figure, parabolas = plots.lr_sensitivity(records.find_runs([tmp_path]), min_lrs=3)
+    (parabola,) = parabolas["adamw"].values()
+    (ax,) = figure.axes
+    assert not parabola.has_minimum and parabola.refit_on_lowest
+    assert not [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert ax.get_title().endswith("no minimum inside the swept LRs")

@@ -101,8 +101,12 @@ def test_bad_input_is_one_sentence_and_exit_2(tmp_path):
     no_baseline = tmp_path / "no_baseline"
     for heads in (4, 6):
         write_run(no_baseline, "dana-star-mk4", heads, iterations=100)
+    rising = tmp_path / "rising"  # the larger baseline is worse: no multiplier can be read
+    write_run(rising, "adamw", 4, iterations=100)
+    write_run(rising, "adamw", 6, iterations=100, lr_ratio=8.0)
     cases = [
         (["results", str(empty)], "no run directories"),
+        (["results", str(rising), "--vs", "adamw"], "do not decrease with compute"),
         (["results", str(partial), "--best"], "are partial"),
         (["plot", "scaling", str(partial), "--out", str(tmp_path / "f")], "are partial"),
         (["plot", "scaling", str(no_baseline), "--out", str(tmp_path / "f")],

@@ -294,16 +294,22 @@ def lr_sensitivity(runs: Sequence[Run], *, min_lrs: int = sensitivity.MIN_LRS):
             except ValueError:
                 continue
             results[group][size] = parabola
+            if not parabola.has_minimum:  # a concave fit says nothing about the optimum
+                continue
             grid = np.geomspace(pts[0][0] / 1.5, pts[-1][0] * 1.5, 100)
             ax.plot(grid, parabola.loss(grid), "--", color=shade, linewidth=1)
-            if parabola.has_minimum:
-                ax.plot(parabola.best_lr, parabola.best_loss, "*", color=shade, markersize=10)
+            ax.plot(parabola.best_lr, parabola.best_loss, "*", color=shade, markersize=10)
         base = group_runs[0].optimizer
         zeta = sensitivity.mean_curvature(list(results[group].values()))
         ax.set_xscale("log")
+        from matplotlib.ticker import NullFormatter
+
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on short ranges
         ax.set_xlabel("peak learning rate")
         ax.set_ylabel("final validation loss")
-        ax.set_title(f"{_label(group, base)}: mean curvature ζ = {zeta:.3g}", fontsize=9)
+        summary = (f"mean curvature ζ = {zeta:.3g}" if not np.isnan(zeta)
+                   else "no minimum inside the swept LRs")
+        ax.set_title(f"{_label(group, base)}: {summary}", fontsize=9)
         ax.grid(True, which="both", alpha=0.2)
         ax.legend(fontsize=7)
     if not any(results.values()):

@@ -86,6 +86,11 @@ def baseline_points(best: Sequence[Best], baseline: str) -> list[tuple[float, fl
 def check_baseline(best: Sequence[Best], baseline: str) -> list[tuple[float, float]]:
     """The baseline's (PFH, loss) points; UserError when it has fewer than two sizes."""
     points = baseline_points(best, baseline)
+    if len(points) >= 2 and any(b[1] <= a[1] for a, b in zip(points[1:], points)):
+        losses = ", ".join(f"{loss:.4g}" for _, loss in points)
+        raise UserError(f"{baseline}'s best final losses do not decrease with compute ({losses}, "
+                        "smallest size first), so no compute multiplier can be read from them; "
+                        "train longer or add sizes.")
     if len(points) < 2:
         have = sorted({b.optimizer for b in best})
         raise UserError(f"a compute multiplier against {baseline} needs complete {baseline} runs "

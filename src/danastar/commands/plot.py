@@ -71,6 +71,9 @@ def main(argv: list[str]) -> int:
         figure, parabolas = plots.lr_sensitivity(runs, min_lrs=args.min_lrs)
         for group, per_size in parabolas.items():
             for (arch, heads), p in per_size.items():
+                if not p.has_minimum:
+                    print(f"{group} {arch} h{heads}: no minimum inside the swept LRs")
+                    continue
                 print(f"{group} {arch} h{heads}: curvature ζ = {p.curvature:.4g}, "
                       f"lr* = {p.best_lr:.3g}, L* = {p.best_loss:.4f}")
     for path in plots.save(figure, out):
