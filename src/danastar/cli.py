@@ -25,6 +25,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "train on SLURM as a job that requeues itself until the run is complete",
     ),
     "clusters": ("danastar.commands.clusters", "list cluster profiles; --check: their capacity"),
+    "results": ("danastar.commands.results", "table of runs: best LR per size, seeds, multipliers"),
+    "plot": ("danastar.commands.plot", "figures from runs: scaling, curves, lrlaw, lr-sensitivity"),
     "theory": (
         "danastar.commands.theory",
         "figures of the PLRF model: SGD vs DANA, scaling, exponents, kappa",

@@ -1,0 +1,319 @@
+"""The paper's figures from runs, drawn with matplotlib (the ``plots`` extra).
+
+Colours, display names and line styles are fixed per optimizer, so that figures from different
+sweeps compare at a glance. Each function returns a ``matplotlib.figure.Figure`` (no pyplot, no
+global state); ``save`` writes it as PNG and PDF.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from danastar.analysis import fits, lrlaw, multiplier, sensitivity
+from danastar.analysis.records import Run, complete_runs
+from danastar.analysis.table import Best, check_baseline
+from danastar.errors import UserError
+
+# optimizer -> (display name, colour); the *-mk4 variants are drawn dashed
+STYLES: dict[str, tuple[str, str]] = {
+    "adamw": ("AdamW", "#1f77b4"),
+    "adamw-decaying-wd": ("AdamW decaying-WD", "#00CED1"),
+    "adana": ("ADana", "#bcbd22"),
+    "dana-mk4": ("Dana-MK4", "#8c564b"),
+    "dana-star": ("Dana-Star", "#7f7f7f"),
+    "dana-star-mk4": ("Dana-Star-MK4", "#d62728"),
+    "ademamix": ("AdEMAMix", "#9467bd"),
+    "ademamix-decaying-wd": ("AdEMAMix decaying-WD", "#e377c2"),
+    "muon": ("Muon", "#ff7f0e"),
+}
+OTHER_COLOURS = ("#2ca02c", "#17becf", "#393b79", "#637939", "#843c39")
+
+
+def display_name(optimizer: str) -> str:
+    return STYLES.get(optimizer, (optimizer, ""))[0]
+
+
+def colour(optimizer: str) -> str:
+    if optimizer in STYLES:
+        return STYLES[optimizer][1]
+    return OTHER_COLOURS[sum(map(ord, optimizer)) % len(OTHER_COLOURS)]  # stable across runs
+
+
+def linestyle(optimizer: str) -> str:
+    return "--" if optimizer.endswith("mk4") else "-"
+
+
+def _label(group: str, base: str) -> str:
+    return display_name(base) + group[len(base):]
+
+
+def _shade(hex_colour: str, rank: int, count: int) -> tuple[float, float, float]:
+    """The optimizer's colour, lighter for smaller sizes (rank 0) and full for the largest."""
+    from matplotlib.colors import to_rgb
+
+    strength = 1.0 if count <= 1 else 0.35 + 0.65 * rank / (count - 1)
+    return tuple(1 - strength * (1 - c) for c in to_rgb(hex_colour))
+
+
+def _figure(width: float = 7.0, height: float = 4.5, ncols: int = 1):
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise UserError("figures need matplotlib; install it with `pip install "
+                        "danastar[plots]`.") from error
+    figure = Figure(figsize=(width * ncols, height), layout="constrained")
+    axes = figure.subplots(1, ncols, squeeze=False)[0]
+    return figure, list(axes)
+
+
+def _plain_log_axis(axis) -> None:
+    """Log-scale tick labels as plain numbers (2.1, not 2.1×10⁰): losses span less than a decade."""
+    from matplotlib.ticker import ScalarFormatter
+
+    for formatter in (axis.set_major_formatter, axis.set_minor_formatter):
+        plain = ScalarFormatter()
+        plain.set_scientific(False)
+        formatter(plain)
+
+
+def save(figure, out: Path) -> list[Path]:
+    """Write ``out`` with a .png and a .pdf suffix (whatever suffix it had); returns both."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    for suffix in (".png", ".pdf"):
+        path = out.with_suffix(suffix)
+        figure.savefig(path, dpi=150)
+        written.append(path)
+    return written
+
+
+def _params_label(count: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.3g}{unit}"
+    return f"{count:.0f}"
+
+
+def scaling(best: Sequence[Best], baseline: str = "adamw", fit: str = "auto"):
+    """Compute multiplier against ``baseline`` (left) and validation loss (right, log) against
+    compute in PFH (log), measured (squares, solid; hollow when extrapolated) and fitted
+    (dashed); total parameters of the baseline's sizes on the top axis.
+
+    ``fit``: "broken", "single", "none", or "auto": broken with 6 or more sizes per optimizer
+    (4 parameters per curve), single with 3 to 5, none below."""
+    base_points = check_baseline(best, baseline)
+    curves: dict[str, list[Best]] = {}
+    for b in best:
+        curves.setdefault(b.optimizer, []).append(b)
+    for points in curves.values():
+        points.sort(key=lambda b: b.pfh)
+    smallest = min(len(points) for points in curves.values())
+    if fit == "auto":  # a curve needs more points than its 2 or 4 parameters
+        fit = "broken" if smallest >= 6 else "single" if smallest >= 3 else "none"
+    joint = None
+    if fit != "none":
+        joint = fits.fit_power_laws(
+            {name: ([b.pfh for b in pts], [b.loss.mean for b in pts])
+             for name, pts in curves.items()}, broken=fit == "broken")
+    fit = joint
+    figure, (ax,) = _figure(8.0, 5.0)
+    ax_loss = ax.twinx()
+    c_min = min(b.pfh for b in best)
+    c_max = max(b.pfh for b in best)
+    for name, pts in curves.items():
+        base = pts[0].base_optimizer
+        col, label = colour(base), _label(name, base)
+        pfh = np.array([b.pfh for b in pts])
+        loss = np.array([b.loss.mean for b in pts])
+        se = np.array([0.0 if np.isnan(b.loss.se) else b.loss.se for b in pts])
+        ax_loss.errorbar(pfh, loss, yerr=se, fmt="o", color=col, alpha=0.8, markersize=5)
+        if fit is not None:
+            grid = np.geomspace(0.5 * c_min, 2 * c_max, 200)
+            ax_loss.plot(grid, fit.predict(name, grid), "--", color=col, alpha=0.5, linewidth=1)
+        if name == baseline:
+            ax.axhline(1.0, color=col, linewidth=1.5, label=f"{label} (baseline)")
+            continue
+        measured = multiplier.measured_multipliers(base_points, list(zip(pfh, loss)))
+        ax.plot(pfh, [m.multiplier for m in measured], "-", color=col, linewidth=1.5,
+                label=f"{label} measured")
+        for m in measured:
+            hollow = m.kind != multiplier.INTERPOLATED
+            ax.plot(m.compute, m.multiplier, "s", color=col, markersize=7,
+                    markerfacecolor="white" if hollow else col)
+        if fit is not None:
+            cs, ms = multiplier.fitted_multipliers(
+                lambda c: fit.predict(baseline, c), lambda c, n=name: fit.predict(n, c),
+                c_min, c_max, floor=fit.floor)
+            ax.plot(cs, ms, "--", color=col, linewidth=1.2, label=f"{label} fitted")
+    ax.set_xscale("log")
+    ax_loss.set_yscale("log")
+    _plain_log_axis(ax_loss.yaxis)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("compute (PFH)")
+    ax.set_ylabel(f"compute multiplier vs {display_name(baseline)} (bigger is better)")
+    ax_loss.set_ylabel("validation loss (circles; fit dashed)")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(loc="upper left", fontsize=8)
+    top = ax.twiny()
+    top.set_xscale("log")
+    top.set_xlim(ax.get_xlim())
+    baseline_best = sorted((b for b in best if b.optimizer == baseline), key=lambda b: b.pfh)
+    top.set_xticks([b.pfh for b in baseline_best])
+    top.set_xticklabels([_params_label(b.total_params) for b in baseline_best], fontsize=8)
+    top.minorticks_off()
+    top.set_xlabel("total parameters")
+    subtitle = (f"joint {'broken ' if fit.broken else ''}power-law fit, R² = {fit.r2:.3f}"
+                if fit is not None else "too few sizes for a fit (needs 3 per optimizer)")
+    ax.set_title(f"Compute multiplier and loss vs compute ({subtitle}; hollow: extrapolated)",
+                 fontsize=9)
+    figure.fit = fit  # for the command's summary and the tests
+    return figure
+
+
+def curves(runs: Sequence[Run], x: str = "compute"):
+    """Validation loss against compute (PFH), tokens or steps, log-log: one colour per
+    optimizer, one shade per size (darker is larger); partial runs thinner."""
+    figure, (ax,) = _figure()
+    sizes = sorted({r.lr_law_params for r in runs})
+    seen = set()
+    drawn = 0
+    for run in sorted(runs, key=lambda r: (r.group, r.lr_law_params, r.lr, r.seed)):
+        xs, ys = run.curve(x)
+        keep = [(a, b) for a, b in zip(xs, ys) if a > 0]
+        if not keep:
+            continue
+        base = run.optimizer
+        label = f"{_label(run.group, base)} {run.arch} h{run.heads}"
+        ax.plot(*zip(*keep), linestyle=linestyle(base), marker=".", markersize=3,
+                linewidth=1.4 if run.complete else 0.7,
+                color=_shade(colour(base), sizes.index(run.lr_law_params), len(sizes)),
+                label=None if label in seen else label)
+        seen.add(label)
+        drawn += 1
+    if not drawn:
+        raise UserError("no run has a validation loss after step 0 yet; wait for the first "
+                        "evaluation.")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _plain_log_axis(ax.yaxis)
+    ax.set_xlabel({"compute": "compute (PFH)", "tokens": "tokens", "steps": "steps"}[x])
+    ax.set_ylabel("validation loss")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=7, ncols=2)
+    ax.set_title("Validation loss (one colour per optimizer, darker = larger)", fontsize=9)
+    return figure
+
+
+def _by_optimizer(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.group, []).append(run)
+    return dict(sorted(groups.items()))
+
+
+def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = 4.0,
+                 bootstrap: int = 1000, seed: int = 0):
+    """LR against P = 12·d²·L, log-log, one panel per optimizer: the top-K points coloured by
+    size and sized by weight, the others grey, the fitted law dashed with its bootstrap band
+    and its predictions at 4x and 16x the largest size. Returns (figure, {optimizer: fit})."""
+    groups = _by_optimizer(complete_runs(runs, "an LR law"))
+    fittable = {g: rs for g, rs in groups.items() if len({r.lr_law_params for r in rs}) >= 3}
+    if not fittable:
+        counts = ", ".join(f"{g}: {len({r.lr_law_params for r in rs})}"
+                           for g, rs in groups.items())
+        raise UserError(f"an LR law a·(b+P)^d needs complete LR sweeps at 3 or more sizes of one "
+                        f"optimizer, found {counts}; add sizes to the sweep.")
+    from matplotlib import colormaps
+
+    figure, axes = _figure(5.5, 4.5, ncols=len(fittable))
+    results = {}
+    for ax, (group, group_runs) in zip(axes, fittable.items()):
+        points = [lrlaw.SweepPoint(r.lr_law_params, r.lr, r.final_loss, r.omega or omega)
+                  for r in group_runs]
+        largest = max(p.params for p in points)
+        fit = lrlaw.fit_lr_law(points, k=k, omega=omega, bootstrap=bootstrap, seed=seed,
+                               predict_at=[4 * largest, 16 * largest])
+        results[group] = fit
+        chosen = {(p.params, p.lr) for ps in fit.points.values() for p in ps}
+        others = [p for p in points if (p.params, p.lr) not in chosen]
+        ax.scatter([p.params for p in others], [p.lr for p in others], c="lightgrey", s=15,
+                   label="other LRs")
+        cmap = colormaps["viridis"]
+        for i, ps in enumerate(fit.points.values()):
+            ax.scatter([p.params for p in ps], [p.lr for p in ps],
+                       s=[12 * p.weight for p in ps],
+                       color=cmap(i / max(1, len(fit.points) - 1)),
+                       edgecolor="black", linewidth=0.3)
+        grid = np.geomspace(min(p.params for p in points) / 2, 20 * largest, 200)
+        low, high = fit.band(grid)
+        base = group_runs[0].optimizer
+        ax.fill_between(grid, low, high, color=colour(base), alpha=0.15, label="95% bootstrap")
+        ax.plot(grid, fit.lr(grid), "--", color=colour(base),
+                label=f"{fit.a:.3g}·({fit.b:.3g}+P)^{fit.d:.3f}")
+        sizes = sorted(fit.predictions)
+        preds = np.array([fit.predictions[s] for s in sizes])
+        # the point estimate can sit just outside the percentile interval: clip at zero
+        below = np.maximum(preds[:, 0] - preds[:, 1], 0.0)
+        above = np.maximum(preds[:, 2] - preds[:, 0], 0.0)
+        ax.errorbar(sizes, preds[:, 0], yerr=[below, above], fmt="x", color=colour(base),
+                    capsize=3, label="predicted (95%)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("non-embedding parameters P (12·d²·L)")
+        ax.set_ylabel("peak learning rate")
+        ax.set_title(f"{_label(group, base)}: top-{k} LRs per size (size ∝ weight)", fontsize=9)
+        ax.grid(True, which="both", alpha=0.2)
+        ax.legend(fontsize=7)
+    return figure, results
+
+
+def lr_sensitivity(runs: Sequence[Run], *, min_lrs: int = sensitivity.MIN_LRS):
+    """Final loss against LR (log), one panel per optimizer, one colour per size, with each
+    size's parabola in ln lr (dashed). Returns (figure, {optimizer: {heads: parabola}})."""
+    groups = _by_optimizer(complete_runs(runs, "an LR-sensitivity figure"))
+    from matplotlib import colormaps
+
+    figure, axes = _figure(5.5, 4.5, ncols=len(groups))
+    results: dict[str, dict[tuple[str, int], sensitivity.Parabola]] = {}
+    for ax, (group, group_runs) in zip(axes, groups.items()):
+        by_size: dict[tuple[str, int], list[Run]] = {}
+        for run in group_runs:
+            by_size.setdefault(run.size, []).append(run)
+        results[group] = {}
+        cmap = colormaps["viridis"]
+        for i, (size, rs) in enumerate(sorted(by_size.items())):
+            shade = cmap(i / max(1, len(by_size) - 1))
+            pts = sorted((r.lr, r.final_loss) for r in rs)
+            ax.plot(*zip(*pts), "o", color=shade, label=f"{size[0]} h{size[1]}")
+            try:
+                parabola = sensitivity.fit_parabola(pts, min_lrs=min_lrs)
+            except ValueError:
+                continue
+            results[group][size] = parabola
+            if not parabola.has_minimum:  # a concave fit says nothing about the optimum
+                continue
+            grid = np.geomspace(pts[0][0] / 1.5, pts[-1][0] * 1.5, 100)
+            ax.plot(grid, parabola.loss(grid), "--", color=shade, linewidth=1)
+            ax.plot(parabola.best_lr, parabola.best_loss, "*", color=shade, markersize=10)
+        base = group_runs[0].optimizer
+        zeta = sensitivity.mean_curvature(list(results[group].values()))
+        ax.set_xscale("log")
+        from matplotlib.ticker import NullFormatter
+
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on short ranges
+        ax.set_xlabel("peak learning rate")
+        ax.set_ylabel("final validation loss")
+        summary = (f"mean curvature ζ = {zeta:.3g}" if not np.isnan(zeta)
+                   else "no minimum inside the swept LRs")
+        ax.set_title(f"{_label(group, base)}: {summary}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.2)
+        ax.legend(fontsize=7)
+    if not any(results.values()):
+        raise UserError(f"an LR-sensitivity parabola needs complete runs at {max(3, min_lrs)} or "
+                        "more distinct LRs of one size; add LRs to the sweep (or lower "
+                        "--min_lrs, at least 3).")
+    return figure, results

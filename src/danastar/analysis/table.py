@@ -1,0 +1,126 @@
+"""The results table: one row per run, the best LR per (optimizer, size) with seed statistics,
+and the measured compute multiplier against a baseline optimizer."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from danastar.analysis import multiplier, seeds
+from danastar.analysis.records import Run, complete_runs
+from danastar.errors import UserError
+
+COLUMNS = ("run", "arch", "heads", "optimizer", "lr", "omega", "batch", "steps", "tokens",
+           "pfh", "final_loss", "best_loss", "tokens_per_s", "state")
+BEST_COLUMNS = ("optimizer", "arch", "heads", "lr", "seeds", "final_loss", "final_loss_se",
+                "pfh", "total_params", "runs_at_size")
+
+
+def run_row(run: Run) -> dict[str, Any]:
+    return {"run": run.name, "arch": run.arch, "heads": run.heads, "optimizer": run.group,
+            "lr": run.lr, "omega": run.omega, "batch": run.global_batch,
+            "steps": f"{run.steps_done}/{run.iterations}", "tokens": run.tokens,
+            "pfh": run.pfh, "final_loss": run.final_loss, "best_loss": run.best_loss,
+            "tokens_per_s": run.tokens_per_s, "state": run.state}
+
+
+@dataclasses.dataclass(frozen=True)
+class Best:
+    """The best LR of one (optimizer, size): its runs (one per seed) and their mean loss."""
+
+    optimizer: str  # the group label (name with κ, clipsnr)
+    base_optimizer: str
+    arch: str
+    heads: int
+    lr: float
+    loss: seeds.MeanSE
+    runs: tuple[Run, ...]
+    runs_at_size: int  # complete runs of this optimizer at this size (all LRs)
+
+    @property
+    def pfh(self) -> float:
+        return sum(r.pfh for r in self.runs) / len(self.runs)
+
+    @property
+    def total_params(self) -> int:
+        return self.runs[0].total_params
+
+    @property
+    def lr_law_params(self) -> int:
+        return self.runs[0].lr_law_params
+
+    def row(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer, "arch": self.arch, "heads": self.heads,
+                "lr": self.lr, "seeds": self.loss.n, "final_loss": self.loss.mean,
+                "final_loss_se": None if math.isnan(self.loss.se) else self.loss.se,
+                "pfh": self.pfh, "total_params": self.total_params,
+                "runs_at_size": self.runs_at_size}
+
+
+def _lr_key(lr: float) -> float:
+    return float(f"{lr:.4g}")  # the same LR written by different runs with float noise
+
+
+def best_per_size(runs: Sequence[Run]) -> list[Best]:
+    """Per (optimizer group, arch, heads), the LR with the lowest mean final loss over seeds;
+    partial runs left out. Sorted by optimizer, then size."""
+    groups: dict[tuple[str, str, int], dict[float, list[Run]]] = {}
+    for run in complete_runs(runs, "choosing the best LR"):
+        groups.setdefault((run.group, run.arch, run.heads), {}).setdefault(
+            _lr_key(run.lr), []).append(run)
+    best = []
+    for (group, arch, heads), by_lr in sorted(groups.items()):
+        stats = {lr: seeds.mean_se([r.final_loss for r in rs]) for lr, rs in by_lr.items()}
+        lr = min(stats, key=lambda k: stats[k].mean)
+        best.append(Best(group, by_lr[lr][0].optimizer, arch, heads, lr, stats[lr],
+                         tuple(by_lr[lr]), sum(len(rs) for rs in by_lr.values())))
+    return best
+
+
+def baseline_points(best: Sequence[Best], baseline: str) -> list[tuple[float, float]]:
+    return sorted((b.pfh, b.loss.mean) for b in best if b.optimizer == baseline)
+
+
+def check_baseline(best: Sequence[Best], baseline: str) -> list[tuple[float, float]]:
+    """The baseline's (PFH, loss) points; UserError when it has fewer than two sizes."""
+    points = baseline_points(best, baseline)
+    if len(points) >= 2 and any(b[1] <= a[1] for a, b in zip(points[1:], points)):
+        losses = ", ".join(f"{loss:.4g}" for _, loss in points)
+        raise UserError(f"{baseline}'s best final losses do not decrease with compute ({losses}, "
+                        "smallest size first), so no compute multiplier can be read from them; "
+                        "train longer or add sizes.")
+    if len(points) < 2:
+        have = sorted({b.optimizer for b in best})
+        raise UserError(f"a compute multiplier against {baseline} needs complete {baseline} runs "
+                        f"at two or more sizes, found {len(points)} (optimizers found: "
+                        f"{', '.join(have)}); run the baseline too, or pick it with --vs.")
+    return points
+
+
+def with_multipliers(best: Sequence[Best], baseline: str,
+                     runs: Sequence[Run] = ()) -> list[dict[str, Any]]:
+    """The best rows with the measured multiplier vs ``baseline`` (1 for the baseline itself)
+    and how it was obtained (interpolated or extrapolated); with ``runs``, also the fraction of
+    compute saved: how early any complete run of the optimizer at that size first reached the
+    baseline's best final loss there (None if none did)."""
+    points = check_baseline(best, baseline)
+    base_loss = {(b.arch, b.heads): b.loss.mean for b in best if b.optimizer == baseline}
+    rows = []
+    for b in best:
+        row = b.row()
+        if b.optimizer == baseline:
+            row["multiplier"], row["multiplier_kind"] = 1.0, "baseline"
+        else:
+            (m,) = multiplier.measured_multipliers(points, [(b.pfh, b.loss.mean)])
+            row["multiplier"], row["multiplier_kind"] = m.multiplier, m.kind
+        row["saved_fraction"] = None
+        if runs and b.optimizer != baseline and (b.arch, b.heads) in base_loss:
+            curves = [r.curve("compute") for r in runs if r.complete and r.group == b.optimizer
+                      and r.size == (b.arch, b.heads)]
+            crossing = multiplier.compute_saved(base_loss[(b.arch, b.heads)],
+                                                [c for c in curves if c[0]])
+            row["saved_fraction"] = None if crossing is None else crossing.fraction_saved
+        rows.append(row)
+    return rows

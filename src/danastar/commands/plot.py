@@ -1,0 +1,81 @@
+"""`danastar plot scaling|curves|lrlaw|lr-sensitivity [DIRS ...] --out FILE`: the paper's
+figures from run or sweep directories, written as FILE.png and FILE.pdf.
+
+    danastar plot scaling runs/sweep --vs adamw    # compute multiplier + loss vs compute
+    danastar plot curves runs/sweep --x tokens     # validation loss curves
+    danastar plot lrlaw runs/sweep                 # LR law a·(b+P)^d with bootstrap band
+    danastar plot lr-sensitivity runs/sweep        # final loss vs LR with parabolas
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from danastar.analysis import plots, records, table
+from danastar.errors import UserError
+
+KINDS = ("scaling", "curves", "lrlaw", "lr-sensitivity")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="danastar plot",
+        description="Figures from run directories (docs/analysis.md); PNG and PDF.")
+    parser.add_argument("kind", choices=KINDS, help="which figure")
+    parser.add_argument("dirs", nargs="*", default=["runs"],
+                        help="run directories, or directories searched for runs (default runs)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output file; written with .png and .pdf (default ./<kind>)")
+    parser.add_argument("--vs", default="adamw", metavar="OPTIMIZER",
+                        help="scaling: the baseline of the multiplier (default adamw)")
+    parser.add_argument("--fit", choices=("auto", "broken", "single", "none"), default="auto",
+                        help="scaling: the loss-vs-compute fit (default auto: broken power law "
+                             "with 6+ sizes per optimizer, single with 3-5, none below)")
+    parser.add_argument("--x", choices=("compute", "tokens", "steps"), default="compute",
+                        help="curves: the x axis (default compute, in PFH)")
+    parser.add_argument("--top_k", type=int, default=5, help="lrlaw: LRs kept per size (5)")
+    parser.add_argument("--omega", type=float, default=4.0,
+                        help="lrlaw: keep the runs at the ω closest to this (default 4)")
+    parser.add_argument("--bootstrap", type=int, default=1000,
+                        help="lrlaw: bootstrap resamples of the sizes (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="lrlaw: bootstrap seed (default 0)")
+    parser.add_argument("--min_lrs", type=int, default=5,
+                        help="lr-sensitivity: distinct LRs a parabola needs (default 5, >= 3)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.top_k < 1 or args.bootstrap < 0 or args.min_lrs < 3:
+        raise UserError("--top_k must be at least 1, --bootstrap at least 0 and --min_lrs at "
+                        "least 3 (a parabola has three coefficients).")
+    runs = records.find_runs(args.dirs)
+    out = args.out or Path(args.kind)
+    if args.kind == "scaling":
+        figure = plots.scaling(table.best_per_size(runs), baseline=args.vs, fit=args.fit)
+        if figure.fit is not None:
+            print(f"floor a = {figure.fit.floor:.4g}, R² = {figure.fit.r2:.4f}")
+    elif args.kind == "curves":
+        figure = plots.curves(runs, x=args.x)
+    elif args.kind == "lrlaw":
+        figure, fits = plots.lrlaw_figure(runs, k=args.top_k, omega=args.omega,
+                                          bootstrap=args.bootstrap, seed=args.seed)
+        for group, fit in fits.items():
+            base = group.split(" ")[0]
+            kappa = next((r.kappa for r in runs if r.group == group), None)
+            print(f"# {group}: 95% intervals " + ", ".join(
+                f"{name} [{low:.3g}, {high:.3g}]" for name, (low, high) in fit.interval.items()))
+            print(fit.rules_row(base, kappa))
+    else:
+        figure, parabolas = plots.lr_sensitivity(runs, min_lrs=args.min_lrs)
+        for group, per_size in parabolas.items():
+            for (arch, heads), p in per_size.items():
+                if not p.has_minimum:
+                    print(f"{group} {arch} h{heads}: no minimum inside the swept LRs")
+                    continue
+                print(f"{group} {arch} h{heads}: curvature ζ = {p.curvature:.4g}, "
+                      f"lr* = {p.best_lr:.3g}, L* = {p.best_loss:.4f}")
+    for path in plots.save(figure, out):
+        print(f"wrote {path}")
+    return 0

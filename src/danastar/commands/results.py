@@ -1,0 +1,134 @@
+"""`danastar results [DIRS ...]`: the table of runs found in run or sweep directories.
+
+    danastar results runs/lr-sweep                 # every run: state, losses, compute
+    danastar results runs/lr-sweep --best          # best LR per optimizer and size (seeds: ± s.e.)
+    danastar results runs/lr-sweep --vs adamw      # ... with the compute multiplier vs AdamW
+    danastar results runs/lr-sweep --csv out.csv   # or --json out.json ('-': standard output)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from danastar.analysis import records, table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="danastar results",
+        description="Table of the runs in run directories or sweep directories (docs/analysis.md).")
+    parser.add_argument("dirs", nargs="*", default=["runs"],
+                        help="run directories, or directories searched for runs (default runs)")
+    parser.add_argument("--best", action="store_true",
+                        help="per (optimizer, size), the LR with the lowest final loss; several "
+                             "seeds give mean ± standard error")
+    parser.add_argument("--vs", metavar="OPTIMIZER", default=None,
+                        help="add the measured compute multiplier against this optimizer, and the "
+                             "fraction of compute saved reaching its final loss at each size "
+                             "(implies --best), e.g. adamw")
+    parser.add_argument("--csv", metavar="FILE", default=None, help="write CSV ('-': stdout)")
+    parser.add_argument("--json", metavar="FILE", default=None, help="write JSON ('-': stdout)")
+    return parser
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if column == "lr":
+        return f"{value:.3g}"
+    if column in ("pfh",):
+        return f"{value:.3g}"
+    if column in ("tokens", "total_params"):
+        return f"{value:,}"
+    if column == "tokens_per_s":
+        return f"{value:,.0f}"
+    if column == "multiplier":
+        return f"{value:.2f}"
+    if column == "saved_fraction":
+        return f"{value:.0%}"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def _display(rows: list[dict[str, Any]], columns: Sequence[str]) -> tuple[list[str], list[list]]:
+    shown = [c for c in columns if c != "final_loss_se"]
+    cells = []
+    for row in rows:
+        line = []
+        for column in shown:
+            text = _cell(column, row.get(column))
+            if column == "final_loss" and row.get("final_loss_se") is not None:
+                text += f" ± {row['final_loss_se']:.4f}"
+            if column == "multiplier" and row.get("multiplier_kind", "").startswith("extrap"):
+                text += "*"
+            line.append(text)
+        cells.append(line)
+    return shown, cells
+
+
+def render(rows: list[dict[str, Any]], columns: Sequence[str], *, rich_ok: bool) -> str:
+    headers, cells = _display(rows, columns)
+    if rich_ok:
+        try:
+            from rich.console import Console
+            from rich.table import Table
+        except ImportError:
+            pass
+        else:
+            view = Table(*headers)
+            for line in cells:
+                view.add_row(*line)
+            buffer = io.StringIO()
+            Console(file=buffer, force_terminal=True).print(view)
+            return buffer.getvalue().rstrip("\n")
+    widths = [max(len(h), *(len(line[i]) for line in cells)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _write(target: str, text: str) -> None:
+    if target == "-":
+        sys.stdout.write(text)
+    else:
+        Path(target).write_text(text)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    runs = records.find_runs(args.dirs)
+    if args.vs:
+        rows = table.with_multipliers(table.best_per_size(runs), args.vs, runs)
+        columns = table.BEST_COLUMNS + ("multiplier", "saved_fraction")
+    elif args.best:
+        rows = [b.row() for b in table.best_per_size(runs)]
+        columns = table.BEST_COLUMNS
+    else:
+        rows = [table.run_row(r) for r in runs]
+        columns = table.COLUMNS
+    if args.csv:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else list(columns))
+        writer.writeheader()
+        writer.writerows(rows)
+        _write(args.csv, buffer.getvalue())
+    if args.json:
+        _write(args.json, json.dumps(rows, indent=1) + "\n")
+    if args.csv or args.json:
+        return 0
+    print(render(rows, columns, rich_ok=sys.stdout.isatty()))
+    if any(row.get("multiplier_kind", "").startswith("extrap") for row in rows):
+        print(f"* extrapolated beyond the range of {args.vs}'s losses")
+    partial = sum(1 for r in runs if not r.complete)
+    if partial and (args.best or args.vs):
+        print(f"({partial} partial run(s) left out)")
+    return 0
