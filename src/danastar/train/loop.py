@@ -309,7 +309,15 @@ def write_run_files(run_dir: Path, config: TrainConfig, plan, layout, env) -> No
     save_yaml(config, run_dir / "config.yaml")
     (run_dir / "environment.json").write_text(json_text(environment(env.world_size)))
     (run_dir / "plan.json").write_text(
-        json_text({"plan": plan.to_dict(), "batch_layout": layout.to_dict()}))
+        json_text({"plan": run_record(plan, config, layout), "batch_layout": layout.to_dict()}))
+
+
+def run_record(plan, config: TrainConfig, layout) -> dict:
+    """The plan as analysis reads it: every derived setting (ω, κ, δ, clipsnr, weight decay and
+    wd_ts, peak LR, parameter counts in both conventions, iterations), plus what a plan does not
+    derive but a comparison of runs needs: the global batch, the seed and the schedule."""
+    return {**plan.to_dict(), "global_batch": layout.global_batch, "seed": config.train.seed,
+            "data_seed": config.data.data_seed, "scheduler": config.optim.scheduler}
 
 
 # ----------------------------------------------------------------------------------------------
