@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "danastar.commands.submit",
         "train on SLURM as a job that requeues itself until the run is complete",
     ),
+    "sweep": ("danastar.commands.sweep", "train every run of a sweep file (grid of configs) here"),
     "clusters": ("danastar.commands.clusters", "list cluster profiles; --check: their capacity"),
     "theory": (
         "danastar.commands.theory",
