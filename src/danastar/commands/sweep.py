@@ -166,7 +166,7 @@ def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int
                 bar.set_postfix_str(", ".join(r.point.name for r, _, _ in running.values()))
     except KeyboardInterrupt:
         # The runs received the interrupt too (same process group): let them save and stop.
-        for run, process, log in running.values():
+        for _run, process, log in running.values():
             try:
                 process.wait(timeout=120)
             except subprocess.TimeoutExpired:
