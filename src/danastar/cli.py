@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "train on SLURM as a job that requeues itself until the run is complete",
     ),
     "sweep": ("danastar.commands.sweep", "train every run of a sweep file (grid of configs) here"),
+    "generate": ("danastar.commands.generate", "sample text from a trained run's checkpoint"),
     "clusters": ("danastar.commands.clusters", "list cluster profiles; --check: their capacity"),
     "theory": (
         "danastar.commands.theory",
