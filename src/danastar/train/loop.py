@@ -37,7 +37,7 @@ from danastar.errors import UserError
 from danastar.models import build_model
 from danastar.optim import apply_schedule, build_optimizer, get_schedule
 from danastar.optim.base import local
-from danastar.train import parallel
+from danastar.train import parallel, tau_stats
 from danastar.train.checkpoint import Checkpointer, gather_rng_states, set_rng_state
 from danastar.train.data import TrainingData
 from danastar.train.determinism import warm_up_cpu_math
@@ -125,6 +125,11 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
             metrics["loss/init"] = val_loss
         if final:
             metrics["final"] = True
+        elif config.train.collect_tau_stats and tau_stats.collection_due(
+                step, config.train.eval_interval):
+            arrays = tau_stats.collect(core, optimizer)  # on every rank: τ may be sharded
+            if env.is_main:
+                tau_stats.write(run_dir, step, config.train.eval_interval, arrays, plan)
         log.log(metrics)
         log.info(f"step {step}: {'final ' if final else ''}validation loss {val_loss:.4f}")
         return val_loss
