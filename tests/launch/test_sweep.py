@@ -103,6 +103,10 @@ def test_a_sweep_trains_each_point_skips_complete_runs_and_resumes_interrupted_o
     assert [run["name"] for run in listed["runs"]] == NAMES
     for opt in ("adamw", "adana"):
         assert lrs[f"{opt}-lrx2"] == pytest.approx(4 * lrs[f"{opt}-lrx0.5"])
+    point = json.loads((root / "adamw-lrx2" / "sweep_point.json").read_text())
+    assert point == {"sweep": "tiny", "name": "adamw-lrx2", "lr_multiplier": 2.0,
+                     "lr": lrs["adamw-lrx2"], "varied": {"optim.name": "adamw",
+                                                         "lr_multiplier": 2}}
     plan = json.loads((root / "adamw-lrx2" / "plan.json").read_text())["plan"]
     assert plan["lr"] == pytest.approx(lrs["adamw-lrx2"])
     assert plan["opt"] == "adamw" and plan["iterations"] == 4 and plan["seed"] == 0

@@ -37,6 +37,7 @@ class PlannedRun:
     argv: list[str]  # for `danastar train`, --run_dir included
     lr: float
     state: dict  # run_state(run_dir)
+    processes: int  # parallel.nproc of the run
 
 
 def main(argv: list[str]) -> int:
@@ -82,7 +83,7 @@ def plan_run(sweep_name: str, point: SweepPoint, root: Path, train_argv: list[st
 
     lr = dry_run(config)["plan"]["lr"]
     return PlannedRun(point, run_dir, [*argv, "--run_dir", str(run_dir), "logging.progress=false"],
-                      lr, run_state(run_dir))
+                      lr, run_state(run_dir), config.parallel.nproc)
 
 
 def write_expanded(root: Path, sweep, runs: list[PlannedRun]) -> None:
@@ -95,6 +96,14 @@ def write_expanded(root: Path, sweep, runs: list[PlannedRun]) -> None:
                   "train_argv": run.argv} for run in runs],
     }
     (root / "sweep.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    for run, entry in zip(runs, record["runs"]):
+        # Beside the run's own records, so that a run directory alone says which sweep point it
+        # is (its plan.json shows the resolved LR, not the multiplier).
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        (run.run_dir / "sweep_point.json").write_text(json.dumps(
+            {"sweep": sweep.name, **{key: entry[key] for key in
+                                     ("name", "varied", "lr_multiplier", "lr")}},
+            indent=1, default=str) + "\n")
 
 
 def describe(state: dict) -> str:
@@ -132,7 +141,9 @@ def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int
     if not todo:
         print(f"sweep {name}: all {len(runs)} runs are complete; nothing to train.")
         return 0
-    gpus = visible_gpus() if parallel > 1 else []
+    # One GPU per slot, when there are enough and each run is one process.
+    one_process = all(run.processes == 1 for run in runs)
+    gpus = visible_gpus() if parallel > 1 and one_process else []
     slots = list(range(parallel))
     (root / "logs").mkdir(exist_ok=True)
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc=f"sweep {name}",
