@@ -24,6 +24,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "danastar.commands.submit",
         "train on SLURM as a job that requeues itself until the run is complete",
     ),
+    "sweep": ("danastar.commands.sweep", "train every run of a sweep file (grid of configs) here"),
+    "generate": ("danastar.commands.generate", "sample text from a trained run's checkpoint"),
     "clusters": ("danastar.commands.clusters", "list cluster profiles; --check: their capacity"),
     "results": ("danastar.commands.results", "table of runs: best LR per size, seeds, multipliers"),
     "plot": ("danastar.commands.plot", "figures from runs: scaling, curves, lrlaw, lr-sensitivity"),

@@ -107,6 +107,7 @@ class TrainSection:
     peak_flops: Optional[float] = None  # device peak for MFU; None: looked up from the device name
     sample_tokens: int = 200  # a generated sample printed at the end; 0 disables
     sample_prompt: str = "\n"
+    collect_tau_stats: bool = False  # Dana-Star τ order statistics at evaluations 10, 20, 40, ...
 
 
 @dataclass
@@ -269,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--wandb", dest="wandb", action="store_true", help="log to Weights & Biases"
     )
     parser.add_argument(
+        "--collect_tau_stats", dest="collect_tau_stats", action="store_true",
+        help="Dana-Star variants: write τ order statistics to tau_stats/ at evaluations 10, 20, "
+             "40, ...",
+    )
+    parser.add_argument(
         "--auto_resume",
         dest="auto_resume",
         action="store_true",
@@ -408,6 +414,8 @@ def flags_to_dict(args: argparse.Namespace) -> dict[str, Any]:
         dotted["logging.wandb"] = args.wandb
     if hasattr(args, "auto_resume"):
         dotted["checkpoint.auto_resume"] = args.auto_resume
+    if hasattr(args, "collect_tau_stats"):
+        dotted["train.collect_tau_stats"] = args.collect_tau_stats
     return nest(dotted)
 
 
@@ -638,6 +646,9 @@ def validate(config: TrainConfig) -> None:
     choose("model.init", config.model.init, INITS)
     choose("parallel.backend", config.parallel.backend, BACKENDS)
     choose("train.device", config.train.device, ("auto", "cpu", "cuda"))
+    if config.train.collect_tau_stats and not config.optim.name.startswith("dana-star"):
+        raise UserError(f"--collect_tau_stats needs a Dana-Star optimizer (dana-star or "
+                        f"dana-star-mk4), not {config.optim.name}; drop it or change --opt.")
     choose("train.autocast", config.train.autocast, ("auto", "bf16", "off"))
     choose("parallel.reduce_dtype", config.parallel.reduce_dtype, ("auto", "bf16", "fp32"))
     choose("optim.scheduler", config.optim.scheduler, tuple(SCHEDULES))

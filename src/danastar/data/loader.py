@@ -482,6 +482,7 @@ def validation_batches(
     num_batches: int | None = None,
     rank: int = 0,
     world_size: int = 1,
+    spread: bool = False,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed validation batches: this rank's share of each.
 
@@ -491,7 +492,9 @@ def validation_batches(
     Only whole batches are used (the ragged tail of the stream is dropped on every rank alike), so
     every rank runs the same number of forward passes and the plain mean of the batch losses is
     the mean over the evaluated tokens. num_batches=None: all whole batches; otherwise the first
-    min(num_batches, available).
+    min(num_batches, available), or with `spread` as many batches spread evenly over the whole
+    stream (see `spread_indices`), so that a sample of a stream whose difficulty drifts (documents
+    in order) estimates the whole stream's loss.
     """
     if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size or seq_len < 1:
         raise UserError(
@@ -511,9 +514,10 @@ def validation_batches(
             f"tokens; lower the validation batch size or the sequence length."
         )
     count = available if num_batches is None else min(num_batches, available)
+    chosen = spread_indices(available, count) if spread else range(count)
     share = batch_size // world_size
     batches = []
-    for batch in range(count):
+    for batch in chosen:
         first = (batch * batch_size + rank * share) * seq_len
         rows = np.stack(
             [
@@ -524,3 +528,12 @@ def validation_batches(
         tokens = torch.from_numpy(rows.astype(np.int64))
         batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
     return batches
+
+
+def spread_indices(available: int, count: int) -> list[int]:
+    """`count` of `available` batch indices spread evenly: the middle batch of each of `count`
+    equal parts of the stream (all of them when count >= available). Fixed, so every evaluation
+    of a run (and of a resumed run) sees the same batches."""
+    if count >= available:
+        return list(range(available))
+    return [(2 * part + 1) * available // (2 * count) for part in range(count)]

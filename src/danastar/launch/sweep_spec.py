@@ -17,6 +17,7 @@ from the values that vary. `danastar submit --array` submits them as one job arr
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -91,12 +92,40 @@ def parse_sweep(loaded: Any, source: Path | None = None) -> Sweep:
     grid = loaded.get("grid") or {}
     if not isinstance(base, dict) or not isinstance(grid, dict):
         raise UserError(f"{where}: base: and grid: must be mappings of config keys to values.")
+    if not grid:
+        raise UserError(f"{where} has an empty grid:; list at least one key to vary with its "
+                        f"values, e.g. grid: {{train.seed: [0, 1]}}.")
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise UserError(f"{where}: grid key {key!r} must list at least one value, e.g. "
                             f"{key}: [1, 2].")
+    for part, keys in (("base", base), ("grid", grid)):
+        for key in keys:
+            check_key(str(key), f"{where}: unknown {part} key")
+    if "lr_multiplier" in {**base, **grid} and "optim.lr" in {**base, **grid}:
+        raise UserError(f"{where} sets both optim.lr and lr_multiplier (which multiplies the "
+                        f"scaling law's LR); keep only one of them.")
     return Sweep(str(name), dict(base), {key: list(values) for key, values in grid.items()},
                  source)
+
+
+def check_key(key: str, where: str) -> None:
+    """A sweep key is a dotted config key of `danastar train` or one of SPECIAL_KEYS; anything
+    else is refused with the nearest valid key (a flag name is mapped to its key)."""
+    from danastar.config import FLAGS, all_keys
+
+    valid = [*all_keys(), *SPECIAL_KEYS]
+    if key in valid:
+        return
+    if key.lstrip("-") in FLAGS:
+        hint = f"write it as the config key {FLAGS[key.lstrip('-')][0]!r}"
+    else:
+        close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+        hint = (f"did you mean {close[0]!r}?" if close else
+                "use a dotted config key of danastar train (section.key, e.g. optim.name), "
+                f"or one of {', '.join(SPECIAL_KEYS)}")
+    raise UserError(f"{where} {key!r}; {hint.rstrip('?.')}"
+                    f"{'?' if hint.endswith('?') else '.'}")
 
 
 def expand(sweep: Sweep) -> list[SweepPoint]:
@@ -143,3 +172,38 @@ def format_value(value: Any) -> str:
     if value is None:
         return "null"
     return str(value)
+
+
+def run_state(run_dir: Path | str) -> dict:
+    """{"state": "complete" | "partial" | "new", "step", "iterations"} of one run directory.
+
+    Complete: metrics.jsonl holds the final validation record (`final: true`) at step ==
+    iterations (from plan.json). Partial: the run has started (a plan or metrics exist) and is
+    resumed from its latest checkpoint when trained again. New: nothing there yet."""
+    import json
+
+    run_dir = Path(run_dir)
+    try:
+        iterations = json.loads((run_dir / "plan.json").read_text())["plan"]["iterations"]
+    except (OSError, ValueError, KeyError, TypeError):
+        iterations = None
+    step, final_at = 0, None
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short by a kill
+            continue
+        step = max(step, int(record.get("step", 0)))
+        if record.get("final") and "val_loss" in record:
+            final_at = record.get("step")
+    if iterations is not None and final_at == iterations:
+        state = "complete"
+    elif iterations is not None or lines:
+        state = "partial"
+    else:
+        state = "new"
+    return {"state": state, "step": step, "iterations": iterations}

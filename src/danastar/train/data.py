@@ -1,5 +1,6 @@
 """The data a run reads, as the loop needs it: train batches by (step, micro-step), fixed
-validation batches, and the tokenizer for the closing sample.
+validation batches (spread evenly over the validation stream), and the tokenizer for the closing
+sample.
 
 Composes `danastar.data`: the dataset is prepared on first use (`ensure_prepared`, safe when
 every rank calls it), memory-mapped (`TokenData`), and sampled by `TrainLoader`, whose batch for
@@ -65,9 +66,14 @@ class TrainingData:
     def validation_batches(
         self, count: Optional[int]
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The first `count` fixed validation batches (None: all), this rank's rows of each,
-        moved to the device one at a time. The periodic set is kept in (host) memory; the whole
-        set is not."""
+        """`count` fixed validation batches spread evenly over the whole validation stream
+        (None: all of it), this rank's rows of each, moved to the device one at a time.
+
+        Spread, not the first `count`: a validation stream is documents in order, and its
+        difficulty drifts along it (Shakespeare's first batches score ~0.45 higher than the
+        whole), so a periodic evaluation on a prefix is not comparable with the final one on
+        all of it; an even sample of the same stream is, within its sampling noise. The periodic
+        set is kept in (host) memory; the whole set is not."""
         batches = self._periodic(count) if count is not None else self._load_validation(None)
         for inputs, targets in batches:
             yield (
@@ -86,6 +92,7 @@ class TrainingData:
             num_batches=count,
             rank=self.env.data_rank,
             world_size=self.env.data_world,
+            spread=True,
         )
 
     @property

@@ -45,7 +45,7 @@ from danastar.models import build_model
 from danastar.optim import apply_schedule, build_optimizer, get_schedule
 from danastar.optim.base import local
 from danastar.train import identity as run_identity
-from danastar.train import parallel
+from danastar.train import parallel, tau_stats
 from danastar.train.checkpoint import Checkpointer, Found, gather_rng_states, set_rng_state
 from danastar.train.data import TrainingData
 from danastar.train.determinism import warm_up_cpu_math
@@ -141,6 +141,11 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
             metrics["loss/init"] = val_loss
         if final:
             metrics["final"] = True
+        elif config.train.collect_tau_stats and tau_stats.collection_due(
+                step, config.train.eval_interval):
+            arrays = tau_stats.collect(core, optimizer)  # on every rank: τ may be sharded
+            if env.is_main:
+                tau_stats.write(run_dir, step, config.train.eval_interval, arrays, plan)
         log.log(metrics)
         log.info(f"step {step}: {'final ' if final else ''}validation loss {val_loss:.4f}")
         return val_loss
@@ -405,7 +410,15 @@ def write_run_files(run_dir: Path, config: TrainConfig, plan, layout, env) -> No
     save_yaml(config, run_dir / "config.yaml")
     (run_dir / "environment.json").write_text(json_text(environment(env.world_size)))
     (run_dir / "plan.json").write_text(
-        json_text({"plan": plan.to_dict(), "batch_layout": layout.to_dict()}))
+        json_text({"plan": run_record(plan, config, layout), "batch_layout": layout.to_dict()}))
+
+
+def run_record(plan, config: TrainConfig, layout) -> dict:
+    """The plan as analysis reads it: every derived setting (ω, κ, δ, clipsnr, weight decay and
+    wd_ts, peak LR, parameter counts in both conventions, iterations), plus what a plan does not
+    derive but a comparison of runs needs: the global batch, the seed and the schedule."""
+    return {**plan.to_dict(), "global_batch": layout.global_batch, "seed": config.train.seed,
+            "data_seed": config.data.data_seed, "scheduler": config.optim.scheduler}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,211 @@
+"""`danastar sweep SPEC.yaml`: train every point of a sweep file here, one run directory each.
+
+    danastar sweep sweeps/lr.yaml --dry_run         # list the runs and their state
+    danastar sweep sweeps/lr.yaml                   # one after another
+    danastar sweep sweeps/lr.yaml --parallel 4      # four at a time (one GPU each when there are)
+
+The sweep file's format is `danastar.launch.sweep_spec` (the same file feeds `danastar submit
+--array`). Runs go to `<runs_root>/<name>/<point>`; the expanded list, with each run's resolved
+LR and arguments, to `<runs_root>/<name>/sweep.json`; each run's output to
+`<runs_root>/<name>/logs/<point>.log`. A run is complete when its metrics.jsonl holds the final
+validation record at step == iterations; re-running the sweep skips complete runs and resumes
+the others from their checkpoints, so a sweep survives whatever a single run survives.
+Arguments after the sweep file that are not the sweep's own are passed to every run's
+`danastar train` (e.g. `--no_wandb`, `train.device=cpu`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from danastar.config import load_config
+from danastar.errors import UserError
+from danastar.launch.sweep_spec import SweepPoint, load_sweep, run_state
+
+
+@dataclass
+class PlannedRun:
+    point: SweepPoint
+    run_dir: Path
+    argv: list[str]  # for `danastar train`, --run_dir included
+    lr: float
+    state: dict  # run_state(run_dir)
+    processes: int  # parallel.nproc of the run
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="danastar sweep", description="Train every point of a sweep file here.",
+        epilog="Other arguments are passed to every run's `danastar train`.")
+    parser.add_argument("spec", metavar="SPEC.yaml", help="the sweep file")
+    parser.add_argument("--parallel", type=int, default=1, metavar="N",
+                        help="runs at a time (default 1); with N visible GPUs, one GPU each")
+    parser.add_argument("--runs_root", default="runs",
+                        help="where the sweep's folder goes (default ./runs)")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="list the runs and their state; train and write nothing")
+    args, train_argv = parser.parse_known_args(argv)
+    if args.parallel < 1:
+        raise UserError(f"--parallel must be at least 1 (got {args.parallel}).")
+
+    sweep = load_sweep(args.spec)
+    root = Path(args.runs_root).expanduser().resolve() / sweep.name
+    runs = [plan_run(sweep.name, point, root, train_argv) for point in sweep.points()]
+    if args.dry_run:
+        print_runs(runs)
+        return 0
+    root.mkdir(parents=True, exist_ok=True)
+    write_expanded(root, sweep, runs)
+    return run_all(runs, root, args.parallel, sweep.name)
+
+
+def plan_run(sweep_name: str, point: SweepPoint, root: Path, train_argv: list[str]) -> PlannedRun:
+    """Resolve one point as `danastar submit --array` does (the same checks, the same LR from
+    `lr_multiplier`), so that both ways of running a sweep train the same runs."""
+    from danastar.commands.submit import finish_run
+
+    run_dir = root / point.name
+    argv = [*train_argv, *point.train_argv()]
+    try:
+        world = load_config(argv)[0].parallel.nproc
+        argv = finish_run(argv, run_dir, world, None, point.lr_multiplier, write=False)
+        config, _ = load_config(argv)
+    except UserError as error:
+        raise UserError(f"sweep {sweep_name}, run {point.name}: {error}") from None
+    from danastar.commands.train import dry_run
+
+    lr = dry_run(config)["plan"]["lr"]
+    return PlannedRun(point, run_dir, [*argv, "--run_dir", str(run_dir), "logging.progress=false"],
+                      lr, run_state(run_dir), config.parallel.nproc)
+
+
+def write_expanded(root: Path, sweep, runs: list[PlannedRun]) -> None:
+    """sweep.json: the sweep's definition and every run with its grid values and resolved LR."""
+    record = {
+        "name": sweep.name, "source": str(sweep.source) if sweep.source else None,
+        "base": sweep.base, "grid": sweep.grid,
+        "runs": [{"name": run.point.name, "run_dir": str(run.run_dir), "varied": run.point.varied,
+                  "lr_multiplier": run.point.lr_multiplier, "lr": run.lr,
+                  "train_argv": run.argv} for run in runs],
+    }
+    (root / "sweep.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    for run, entry in zip(runs, record["runs"]):
+        # Beside the run's own records, so that a run directory alone says which sweep point it
+        # is (its plan.json shows the resolved LR, not the multiplier).
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        (run.run_dir / "sweep_point.json").write_text(json.dumps(
+            {"sweep": sweep.name, **{key: entry[key] for key in
+                                     ("name", "varied", "lr_multiplier", "lr")}},
+            indent=1, default=str) + "\n")
+
+
+def describe(state: dict) -> str:
+    if state["state"] == "complete":
+        return "complete"
+    if state["state"] == "partial":
+        return f"resume at step {state['step']} of {state['iterations']}"
+    return "new"
+
+
+def print_runs(runs: list[PlannedRun]) -> None:
+    width = max(len(run.point.name) for run in runs)
+    for run in runs:
+        print(f"{run.point.name:<{width}}  lr {run.lr:<10.4g} {describe(run.state):<28} "
+              f"{run.run_dir}")
+    done = sum(run.state["state"] == "complete" for run in runs)
+    print(f"{len(runs)} runs, {done} complete, {len(runs) - done} to train")
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [name for name in listed.split(",") if name.strip()]
+    import torch
+
+    return [str(index) for index in range(torch.cuda.device_count())]
+
+
+def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int:
+    """Train the runs that are not complete, `parallel` at a time; 0 when all are complete."""
+    from tqdm import tqdm
+
+    todo = [run for run in runs if run.state["state"] != "complete"]
+    if not todo:
+        print(f"sweep {name}: all {len(runs)} runs are complete; nothing to train.")
+        return 0
+    # One GPU per slot, when there are enough and each run is one process.
+    one_process = all(run.processes == 1 for run in runs)
+    gpus = visible_gpus() if parallel > 1 and one_process else []
+    slots = list(range(parallel))
+    (root / "logs").mkdir(exist_ok=True)
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc=f"sweep {name}",
+               dynamic_ncols=True)
+    running: dict[int, tuple[PlannedRun, subprocess.Popen, object]] = {}
+    failed: list[tuple[PlannedRun, int]] = []
+    queue = list(todo)
+    try:
+        while queue or running:
+            while queue and len(running) < parallel:
+                run, slot = queue.pop(0), slots.pop(0)
+                running[slot] = (run, *start(run, root, gpus[slot] if len(gpus) >= parallel
+                                                else None))
+                bar.set_postfix_str(", ".join(r.point.name for r, _, _ in running.values()))
+            time.sleep(0.2)
+            for slot, (run, process, log) in list(running.items()):
+                code = process.poll()
+                if code is None:
+                    continue
+                log.close()
+                del running[slot]
+                slots.append(slot)
+                state = run_state(run.run_dir)
+                if state["state"] == "complete":
+                    bar.update(1)
+                    bar.write(f"{run.point.name}: complete")
+                else:
+                    failed.append((run, code))
+                    bar.write(f"{run.point.name}: stopped with exit code {code} at step "
+                              f"{state['step']} ({root / 'logs' / (run.point.name + '.log')})")
+                bar.set_postfix_str(", ".join(r.point.name for r, _, _ in running.values()))
+    except KeyboardInterrupt:
+        # The runs received the interrupt too (same process group): let them save and stop.
+        for _run, process, log in running.values():
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            log.close()
+        bar.close()
+        print(f"sweep {name} interrupted; run the same command again to resume it.",
+              file=sys.stderr)
+        return 130
+    bar.close()
+    if failed:
+        names = ", ".join(f"{run.point.name} (exit {code})" for run, code in failed)
+        print(f"sweep {name}: {len(runs) - len(failed)} of {len(runs)} runs complete; not "
+              f"complete: {names}; see {root / 'logs'} and run the same command again to resume.",
+              file=sys.stderr)
+        return 1
+    print(f"sweep {name}: all {len(runs)} runs are complete ({root}).")
+    return 0
+
+
+def start(run: PlannedRun, root: Path, gpu: str | None):
+    """Start `danastar train` for one run, its output appended to logs/<point>.log."""
+    log = open(root / "logs" / f"{run.point.name}.log", "a")
+    log.write(f"$ danastar train {' '.join(run.argv)}\n")
+    log.flush()
+    env = dict(os.environ)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    process = subprocess.Popen([sys.executable, "-m", "danastar", "train", *run.argv],
+                               stdout=log, stderr=subprocess.STDOUT, env=env)
+    return process, log
