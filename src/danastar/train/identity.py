@@ -163,16 +163,24 @@ def refusal(run_dir: Path, step: int, refused: list[str], note: str = "") -> Use
     )
 
 
+# What only a run that trained leaves: config.yaml and plan.json alone are written before the
+# first step too (by `danastar submit`, say), and are no earlier run.
+TRAINED_FILES = ("checkpoints", "metrics.jsonl", RUN_FILE)
+
+
 def has_earlier_run(run_dir: Path) -> bool:
-    return any((run_dir / name).exists() for name in RUN_FILES)
+    return any((run_dir / name).exists() for name in TRAINED_FILES)
 
 
 def move_aside(run_dir: Path) -> Optional[Path]:
     """Move an earlier run's files into `previous-<UTC time>/` inside the run directory; returns
     where (None when there was nothing). A rename within one filesystem: nothing is copied."""
-    present = [run_dir / name for name in RUN_FILES if (run_dir / name).exists()]
-    if not present:
+    if not has_earlier_run(run_dir):
         return None
+    present = [run_dir / name for name in RUN_FILES if (run_dir / name).exists() and name != "logs"]
+    # The per-rank logs go with the run; other files in logs/ (a job's own output, which its
+    # scheduler is still appending to) stay where the job writes them.
+    present += sorted((run_dir / "logs").glob("rank*.log"))
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     aside, number = run_dir / f"previous-{stamp}", 1
     while aside.exists():
@@ -180,7 +188,9 @@ def move_aside(run_dir: Path) -> Optional[Path]:
         aside = run_dir / f"previous-{stamp}-{number}"
     aside.mkdir()
     for path in present:
-        shutil.move(str(path), str(aside / path.name))
+        target = aside / path.relative_to(run_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(path), str(target))
     fsync_dir(aside)
     fsync_dir(run_dir)
     return aside
