@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from danastar.analysis import fits, lrlaw, multiplier, sensitivity
+from danastar.analysis import tau as tau_maths
 from danastar.analysis.records import Run, complete_runs
 from danastar.analysis.table import Best, check_baseline
 from danastar.errors import UserError
@@ -317,3 +318,72 @@ def lr_sensitivity(runs: Sequence[Run], *, min_lrs: int = sensitivity.MIN_LRS):
                         "more distinct LRs of one size; add LRs to the sweep (or lower "
                         "--min_lrs, at least 3).")
     return figure, results
+
+
+def tau(collections: Sequence[tau_maths.Collection], param: str | None = None, title: str = ""):
+    """The τ figure: the CDF of the regularised τ̃ (log x) on a two-tailed logit axis (0.1% …
+    99.9%), one curve per collected step coloured by step (darker is later). By default a 2×2
+    summary, each panel the mean CDF of one parameter type; with `param`, that tensor alone."""
+    from matplotlib import colormaps
+    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+    steps = [c.step for c in collections]
+    if param is None:
+        figure, axes = _figure(4.5, 7.2, ncols=2)
+        figure.clear()
+        axes = list(figure.subplots(2, 2).flat)
+        panels = list(zip(tau_maths.TYPES, axes))
+        per_step = [tau_maths.type_cdfs(c) for c in collections]
+    else:
+        tau_maths.check_param(collections, param)
+        figure, axes = _figure(6.0, 4.5)
+        panels = [(param, axes[0])]
+        per_step = [{param: tau_maths.tensor_cdf(c.tensors[param], c.step)}
+                    if param in c.tensors else {} for c in collections]
+    cmap = colormaps["viridis_r"]  # light early, dark late, as the curves settle
+    low, high = min(steps), max(steps)
+    norm = LogNorm(low, high) if 0 < low < high else Normalize(low - 1, high + 1)
+    if param is None:
+        counts = {kind: {n for c in collections for n in c.tensors
+                         if tau_maths.parameter_type(n) == kind} for kind in tau_maths.TYPES}
+    drawn = 0
+    probabilities = [1e-3, 1e-2, 0.1, 0.5, 0.9, 0.99, 0.999]
+    for kind, ax in panels:
+        for step, cdfs in zip(steps, per_step):
+            if kind in cdfs:
+                x, f = cdfs[kind]
+                ax.plot(x, f, color=cmap(norm(step)), linewidth=1.3, label=f"step {step}")
+                drawn += 1
+        ax.set_xscale("log")
+        ax.set_yscale("logit", nonpositive="mask")
+        ax.set_ylim(probabilities[0], probabilities[-1])
+        ax.yaxis.set_major_locator(FixedLocator(probabilities))
+        ax.yaxis.set_major_formatter(lambda p, _: f"{100 * p:g}%")
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("τ̃ = max(min(τ,½) / (1 − min(τ,½)), 1/(1+t))", fontsize=8)
+        ax.set_ylabel("fraction of coordinates ≤ τ̃", fontsize=8)
+        ax.grid(True, which="both", alpha=0.2)
+        if param is None:
+            count = len(counts[kind])
+            ax.set_title(f"{kind} ({count} tensor{'s' * (count != 1)}, mean CDF)", fontsize=9)
+            if not count:
+                ax.text(0.5, 0.5, "no τ for this type\n(tied embeddings?)", ha="center",
+                        va="center", transform=ax.transAxes, fontsize=8, color="0.4")
+        else:
+            ax.set_title(kind, fontsize=9)
+    if not drawn:
+        raise UserError("the τ statistics hold no embedding, attention, MLP or output tensor; "
+                        "plot one with --param NAME.")
+    from matplotlib.cm import ScalarMappable
+
+    bar = figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=[ax for _, ax in panels],
+                          shrink=0.8)
+    bar.set_label("step t")
+    bar.set_ticks(steps)
+    bar.set_ticklabels([str(s) for s in steps])
+    bar.ax.yaxis.set_minor_locator(NullLocator())
+    if title:
+        figure.suptitle(title, fontsize=10)
+    return figure

@@ -1,21 +1,23 @@
-"""`danastar plot scaling|curves|lrlaw|lr-sensitivity [DIRS ...] --out FILE`: the paper's
+"""`danastar plot scaling|curves|lrlaw|lr-sensitivity|tau [DIRS ...] --out FILE`: the paper's
 figures from run or sweep directories, written as FILE.png and FILE.pdf.
 
     danastar plot scaling runs/sweep --vs adamw    # compute multiplier + loss vs compute
     danastar plot curves runs/sweep --x tokens     # validation loss curves
     danastar plot lrlaw runs/sweep                 # LR law a·(b+P)^d with bootstrap band
     danastar plot lr-sensitivity runs/sweep        # final loss vs LR with parabolas
+    danastar plot tau runs/my-run                  # τ CDFs (--collect_tau_stats); --param NAME
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
-from danastar.analysis import plots, records, table
+from danastar.analysis import plots, records, table, tau
 from danastar.errors import UserError
 
-KINDS = ("scaling", "curves", "lrlaw", "lr-sensitivity")
+KINDS = ("scaling", "curves", "lrlaw", "lr-sensitivity", "tau")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="lrlaw: bootstrap seed (default 0)")
     parser.add_argument("--min_lrs", type=int, default=5,
                         help="lr-sensitivity: distinct LRs a parabola needs (default 5, >= 3)")
+    parser.add_argument("--param", default=None, metavar="NAME",
+                        help="tau: plot this parameter alone (a model.named_parameters() name) "
+                             "instead of the 2x2 summary")
     return parser
 
 
@@ -50,8 +55,12 @@ def main(argv: list[str]) -> int:
     if args.top_k < 1 or args.bootstrap < 0 or args.min_lrs < 3:
         raise UserError("--top_k must be at least 1, --bootstrap at least 0 and --min_lrs at "
                         "least 3 (a parabola has three coefficients).")
-    runs = records.find_runs(args.dirs)
     out = args.out or Path(args.kind)
+    if args.kind == "tau":
+        for path in plots.save(_tau_figure(args), out):
+            print(f"wrote {path}")
+        return 0
+    runs = records.find_runs(args.dirs)
     if args.kind == "scaling":
         figure = plots.scaling(table.best_per_size(runs), baseline=args.vs, fit=args.fit)
         if figure.fit is not None:
@@ -79,3 +88,17 @@ def main(argv: list[str]) -> int:
     for path in plots.save(figure, out):
         print(f"wrote {path}")
     return 0
+
+
+def _tau_figure(args):
+    if len(args.dirs) != 1:
+        raise UserError("plot tau takes one run directory; plot each run on its own.")
+    run_dir = Path(args.dirs[0])
+    collections = tau.read_collections(run_dir)
+    try:
+        meta = json.loads((run_dir / "tau_stats" / "metadata.json").read_text())
+    except (OSError, ValueError):
+        meta = {}  # the title only; the figure needs the .npz files alone
+    title = f"τ of {plots.display_name(meta.get('optimizer', '?'))}, " \
+            f"{meta.get('arch', '?')} h{meta.get('heads', '?')} ({run_dir.name})"
+    return plots.tau(collections, param=args.param, title=title)
