@@ -28,7 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("danastar.commands.generate", "sample text from a trained run's checkpoint"),
     "clusters": ("danastar.commands.clusters", "list cluster profiles; --check: their capacity"),
     "results": ("danastar.commands.results", "table of runs: best LR per size, seeds, multipliers"),
-    "plot": ("danastar.commands.plot", "figures from runs: scaling, curves, lrlaw, lr-sensitivity"),
+    "plot": ("danastar.commands.plot", "figures: scaling, curves, lrlaw, lr-sensitivity, tau"),
     "theory": (
         "danastar.commands.theory",
         "figures of the PLRF model: SGD vs DANA, scaling, exponents, kappa",
