@@ -59,15 +59,14 @@ def _shade(hex_colour: str, rank: int, count: int) -> tuple[float, float, float]
     return tuple(1 - strength * (1 - c) for c in to_rgb(hex_colour))
 
 
-def _figure(width: float = 7.0, height: float = 4.5, ncols: int = 1):
+def _figure(width: float = 7.0, height: float = 4.5, ncols: int = 1, nrows: int = 1):
     try:
         from matplotlib.figure import Figure
     except ImportError as error:
         raise UserError("figures need matplotlib; install it with `pip install "
                         "danastar[plots]`.") from error
     figure = Figure(figsize=(width * ncols, height), layout="constrained")
-    axes = figure.subplots(1, ncols, squeeze=False)[0]
-    return figure, list(axes)
+    return figure, list(figure.subplots(nrows, ncols, squeeze=False).flat)
 
 
 def _plain_log_axis(axis) -> None:
@@ -330,9 +329,7 @@ def tau(collections: Sequence[tau_maths.Collection], param: str | None = None, t
 
     steps = [c.step for c in collections]
     if param is None:
-        figure, axes = _figure(4.5, 7.2, ncols=2)
-        figure.clear()
-        axes = list(figure.subplots(2, 2).flat)
+        figure, axes = _figure(4.5, 7.2, ncols=2, nrows=2)
         panels = list(zip(tau_maths.TYPES, axes))
         per_step = [tau_maths.type_cdfs(c) for c in collections]
     else:
