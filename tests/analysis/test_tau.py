@@ -142,11 +142,14 @@ def cli(*args):
 def test_plot_tau_refuses_bad_input_in_one_sentence(tmp_path):
     write_collections(tmp_path / "run")
     (tmp_path / "untraced").mkdir()
+    (tmp_path / "corrupt" / "tau_stats").mkdir(parents=True)
+    (tmp_path / "corrupt" / "tau_stats" / "step-00000010.npz").write_text("cut short")
     cases = [
         (["plot", "tau", str(tmp_path / "untraced")], "train it with --collect_tau_stats"),
         (["plot", "tau", str(tmp_path / "run"), "--param", "blocks.9.nope"],
          "--param takes one of: blocks.0.attn.o_proj.weight, "),
         (["plot", "tau", str(tmp_path / "run"), str(tmp_path / "run")], "one run directory"),
+        (["plot", "tau", str(tmp_path / "corrupt")], "is not a readable τ statistics file"),
     ]
     for args, message in cases:
         result = cli(*args, "--out", str(tmp_path / "f"))

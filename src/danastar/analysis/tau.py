@@ -113,8 +113,9 @@ def read_collections(run_dir: Path) -> list[Collection]:
                     name, _, field = key.rpartition("::")
                     tensors.setdefault(name, {})[field] = loaded[key]
         except (OSError, ValueError, zipfile.BadZipFile) as error:
-            raise UserError(f"{path} is not a readable τ statistics file ({error}); delete it "
-                            "or collect it again.") from error
+            # numpy's own message suggests unpickling: not something to tell a reader of files
+            raise UserError(f"{path} is not a readable τ statistics file (.npz without "
+                            "pickle); delete it or collect it again.") from error
         collections.append(Collection(step, tensors))
     return collections
 
