@@ -40,9 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from danastar.errors import UserError
+from danastar.launch.user_yaml import read_user_yaml
 
 DEFAULT_REGISTRY = Path("~/.config/danastar/clusters.yaml")
 SECRET_WORDS = re.compile(r"pass(word|wd|phrase)|secret|token|api[_-]?key|credential|"
@@ -128,12 +127,7 @@ def load_registry(explicit: str | None = None, required: bool = True) -> Registr
             raise UserError(f"no cluster registry at {path}; write one (see docs/clusters.md) or "
                             f"pass --clusters FILE.")
         return Registry([], source=path)
-    try:
-        loaded = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise UserError(f"cluster registry {path} is not valid YAML "
-                        f"({str(error).splitlines()[0]}); fix its syntax.") from None
-    return parse_registry(loaded, path)
+    return parse_registry(read_user_yaml(path, "cluster registry") or {}, path)
 
 
 def parse_registry(loaded: Any, source: Path | None = None) -> Registry:

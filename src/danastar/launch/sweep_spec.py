@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from danastar.errors import UserError
+from danastar.launch.user_yaml import read_user_yaml
 
 SPECIAL_KEYS = ("preset", "config", "lr_multiplier")
 SHORT_NAMES = {"optim.name": "", "model.heads": "h", "lr_multiplier": "lrx", "train.seed": "s",
@@ -66,15 +65,7 @@ class Sweep:
 def load_sweep(path: Path | str) -> Sweep:
     """Read and check a sweep file; every problem is one sentence naming the fix."""
     path = Path(path)
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise UserError(f"cannot read the sweep file {path} ({error.strerror}); give an existing "
-                        f"YAML file.") from None
-    except yaml.YAMLError as error:
-        raise UserError(f"sweep file {path} is not valid YAML ({str(error).splitlines()[0]}); "
-                        f"fix its syntax.") from None
-    return parse_sweep(loaded, path)
+    return parse_sweep(read_user_yaml(path, "sweep file"), path)
 
 
 def parse_sweep(loaded: Any, source: Path | None = None) -> Sweep:
