@@ -204,7 +204,18 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         check_lr(defaults["lr"])
         check_impl(impl, self.supported_impls())
         self.impl = impl
+        self._forget_kept()
         super().__init__(params, defaults)
+
+    def _forget_kept(self) -> None:
+        """What steps keep between them, derived from the groups and the state (never saved):
+        id(group) -> the tensors `_gather` found, and id(group) -> `_advance`'s packed counts."""
+        self._gathered: dict = {}
+        self._packed_steps: dict = {}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._forget_kept()
 
     def __getstate__(self) -> dict:  # torch's keeps only defaults, state and param_groups
         return {**super().__getstate__(), "impl": self.impl}
@@ -297,13 +308,6 @@ class PerTensorOptimizer(torch.optim.Optimizer):
             return grad.to_local()
         return grad
 
-    @property
-    def _gathered(self) -> dict:
-        """id(group) -> what `_gather` keeps between steps (not part of the optimizer's state)."""
-        if "_gathered_cache" not in self.__dict__:
-            self.__dict__["_gathered_cache"] = {}
-        return self.__dict__["_gathered_cache"]
-
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -359,12 +363,6 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         steps[:] = views  # the caller's list (and `_gather`'s kept one) now holds the views
         self._gathered.clear()  # other kept lists may hold the replaced step tensors
         return flat, views
-
-    @property
-    def _packed_steps(self) -> dict:
-        if "_packed_steps_cache" not in self.__dict__:
-            self.__dict__["_packed_steps_cache"] = {}
-        return self.__dict__["_packed_steps_cache"]
 
     def _run_compiled(self, lists, scalars, constants):
         device = lists[0][0].device
