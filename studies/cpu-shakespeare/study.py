@@ -1,0 +1,199 @@
+"""The CPU study: ADana and its family against tuned AdamW on the embedded Shakespeare corpus.
+
+    python studies/cpu-shakespeare/study.py            # train what is missing, then the report
+    python studies/cpu-shakespeare/study.py run        # only train (resumes: run it again)
+    python studies/cpu-shakespeare/study.py report     # only rebuild tables and figures
+
+`run` trains, size by size, with `danastar sweep`:
+
+1. the LR sweep of `sweeps/lr-h<H>.yaml` (every optimizer at 5 LRs spaced x2 around its scaling
+   law's LR);
+2. where an optimizer's best LR is at an edge of what was swept, one more LR beyond that edge
+   (`sweeps/generated/widen-h<H>-<OPT>.yaml`), until the best is inside;
+3. at each optimizer's best LR: seeds 1 and 2, and the shorter budgets (1/4 and 1/2 of the
+   size's steps; AdamW also twice the steps where that stays within about an epoch, and every
+   AdamW budget with the three seeds, so that its loss-against-compute curve can be inverted seed
+   by seed) (`sweeps/generated/final-h<H>-<OPT>.yaml`).
+
+Each run's small records (plan, config, metrics, run and status files; no checkpoints) are copied
+into `records/`, which `report` (and `danastar results` / `danastar plot`) read. Everything is
+resumable: a sweep skips complete runs and resumes interrupted ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+SWEEPS = HERE / "sweeps"
+GENERATED = SWEEPS / "generated"
+RECORDS = HERE / "records"
+RECORD_FILES = ("plan.json", "config.yaml", "metrics.jsonl", "run.json", "status.json",
+                "sweep_point.json")
+SIZES = (2, 3, 4)
+OPTIMIZERS = ("adamw", "adamw-decaying-wd", "adana", "dana-star-mk4")
+BASELINE = "adamw"
+SEEDS = (0, 1, 2)
+EPOCH_STEPS = 462  # 1,892,697 training tokens / (32 x 128) tokens per step
+MAX_WIDENINGS = 3
+
+
+def sweep_file(heads: int) -> Path:
+    return SWEEPS / f"lr-h{heads}.yaml"
+
+
+def base_of(heads: int) -> dict:
+    return yaml.safe_load(sweep_file(heads).read_text())["base"]
+
+
+def run_sweep(path: Path, runs: Path, parallel: int) -> None:
+    """`danastar sweep` one file (it skips what is complete), then copy its records."""
+    command = [sys.executable, "-m", "danastar", "sweep", str(path), "--runs_root", str(runs),
+               "--parallel", str(parallel)]
+    print("$", " ".join(command[1:]), flush=True)
+    code = subprocess.call(command)
+    name = yaml.safe_load(path.read_text())["name"]
+    copy_records(runs / name)
+    if code != 0:
+        sys.exit(f"study: the sweep {path.name} did not complete (exit {code}); run the study "
+                 "again to resume it.")
+
+
+def copy_records(sweep_dir: Path) -> None:
+    """The per-run files analysis needs, mirrored under records/<sweep>/<run>/."""
+    for plan in sorted(sweep_dir.glob("*/plan.json")):
+        target = RECORDS / sweep_dir.name / plan.parent.name
+        target.mkdir(parents=True, exist_ok=True)
+        for name in RECORD_FILES:
+            if (plan.parent / name).is_file():
+                shutil.copy2(plan.parent / name, target / name)
+
+
+def final_losses(heads: int, optimizer: str, seed: int = 0) -> dict[float, float]:
+    """lr multiplier -> final validation loss of the complete full-budget runs at one seed."""
+    from danastar.analysis.records import find_runs
+
+    full = base_of(heads)["train.iterations"]
+    losses = {}
+    for run in find_runs([RECORDS]):
+        multiplier = lr_multiplier(run.path)
+        if (run.heads == heads and run.optimizer == optimizer and run.seed == seed
+                and run.iterations == full and run.complete and multiplier is not None):
+            losses[float(multiplier)] = run.final_loss
+    return losses
+
+
+def lr_multiplier(run_dir: Path) -> float | None:
+    """The sweep point's LR multiplier (sweep_point.json; the plan holds only the LR)."""
+    point = run_dir / "sweep_point.json"
+    if not point.is_file():
+        return None
+    return json.loads(point.read_text()).get("lr_multiplier")
+
+
+def best_multiplier(heads: int, optimizer: str) -> float:
+    losses = final_losses(heads, optimizer)
+    return min(losses, key=losses.get)
+
+
+def write_sweep(path: Path, name: str, heads: int, grid: dict, comment: str) -> Path:
+    GENERATED.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump({"name": name, "base": base_of(heads), "grid": grid}, sort_keys=False)
+    path.write_text(f"# {comment}\n# Written by study.py from the records; do not edit.\n{text}")
+    return path
+
+
+def widen(heads: int, optimizer: str, runs: Path, parallel: int) -> None:
+    """Add LRs beyond an edge while the best of this optimizer's sweep sits on it."""
+    for _ in range(MAX_WIDENINGS):
+        losses = final_losses(heads, optimizer)
+        best = min(losses, key=losses.get)
+        if min(losses) < best < max(losses):
+            return
+        extra = best / 2 if best == min(losses) else best * 2
+        swept = sorted(set(losses) | {extra})
+        grid_values = [m for m in swept if m not in (0.25, 0.5, 1, 2, 4)]
+        path = write_sweep(GENERATED / f"widen-h{heads}-{optimizer}.yaml",
+                           f"study-widen-h{heads}-{optimizer}", heads,
+                           {"optim.name": [optimizer], "lr_multiplier": grid_values,
+                            "train.seed": [0]},
+                           f"LRs beyond the edge of {optimizer}'s sweep at {heads} heads.")
+        run_sweep(path, runs, parallel)
+    print(f"study: {optimizer} at {heads} heads still has its best LR at an edge after "
+          f"{MAX_WIDENINGS} widenings.", file=sys.stderr)
+
+
+def budgets(heads: int, optimizer: str) -> list[int]:
+    full = base_of(heads)["train.iterations"]
+    steps = [full // 4, full // 2, full]
+    if optimizer == BASELINE and 2 * full <= 1.15 * EPOCH_STEPS:
+        steps.append(2 * full)
+    return steps
+
+
+def final_runs(heads: int, optimizer: str, runs: Path, parallel: int) -> None:
+    """Seeds and budgets at the best LR."""
+    multiplier = best_multiplier(heads, optimizer)
+    full = base_of(heads)["train.iterations"]
+    name = f"study-final-h{heads}-{optimizer}"
+    comment = (f"{optimizer} at {heads} heads, at its best LR ({multiplier:g} x the law's): "
+               "seeds and budgets.")
+    if optimizer == BASELINE:
+        grid = {"optim.name": [optimizer], "lr_multiplier": [multiplier],
+                "train.iterations": budgets(heads, optimizer), "train.seed": list(SEEDS)}
+        path = write_sweep(GENERATED / f"final-h{heads}-{optimizer}.yaml", name, heads, grid,
+                           comment)
+        run_sweep(path, runs, parallel)
+        return
+    seeds = write_sweep(GENERATED / f"final-h{heads}-{optimizer}-seeds.yaml", name + "-seeds",
+                        heads, {"optim.name": [optimizer], "lr_multiplier": [multiplier],
+                                "train.iterations": [full], "train.seed": list(SEEDS[1:])},
+                        comment)
+    shorter = write_sweep(GENERATED / f"final-h{heads}-{optimizer}-budgets.yaml",
+                          name + "-budgets", heads,
+                          {"optim.name": [optimizer], "lr_multiplier": [multiplier],
+                           "train.iterations": budgets(heads, optimizer)[:2], "train.seed": [0]},
+                          comment)
+    run_sweep(seeds, runs, parallel)
+    run_sweep(shorter, runs, parallel)
+
+
+def run(args: argparse.Namespace) -> None:
+    for heads in args.sizes:
+        run_sweep(sweep_file(heads), args.runs, args.parallel)
+        for optimizer in OPTIMIZERS:
+            widen(heads, optimizer, args.runs, args.parallel)
+        for optimizer in OPTIMIZERS:
+            final_runs(heads, optimizer, args.runs, args.parallel)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", nargs="?", choices=("all", "run", "report"), default="all")
+    parser.add_argument("--runs", type=Path, default=Path("runs"),
+                        help="where the run directories (with checkpoints) go")
+    parser.add_argument("--parallel", type=int, default=2,
+                        help="runs at a time (default 2, one thread each)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    args = parser.parse_args()
+    # Two one-thread runs side by side train about 15% more tokens per second on two cores than
+    # one two-thread run; set OMP_NUM_THREADS yourself to override.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.parallel)))
+    if args.what in ("all", "run"):
+        run(args)
+    if args.what in ("all", "report"):
+        from report import report  # noqa: PLC0415 (beside this file)
+
+        report()
+
+
+if __name__ == "__main__":
+    main()
