@@ -7,12 +7,13 @@ global state); ``save`` writes it as PNG and PDF.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from danastar.analysis import fits, lrlaw, multiplier, sensitivity
+from danastar.analysis import budgets, fits, lrlaw, multiplier, sensitivity
 from danastar.analysis import tau as tau_maths
 from danastar.analysis.records import Run, complete_runs
 from danastar.analysis.table import Best, check_baseline
@@ -220,7 +221,7 @@ def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = 4.0,
     """LR against P = 12·d²·L, log-log, one panel per optimizer: the top-K points coloured by
     size and sized by weight, the others grey, the fitted law dashed with its bootstrap band
     and its predictions at 4x and 16x the largest size. Returns (figure, {optimizer: fit})."""
-    groups = _by_optimizer(complete_runs(runs, "an LR law"))
+    groups = _by_optimizer(budgets.lr_sweep_runs(complete_runs(runs, "an LR law")))
     fittable = {g: rs for g, rs in groups.items() if len({r.lr_law_params for r in rs}) >= 3}
     if not fittable:
         counts = ", ".join(f"{g}: {len({r.lr_law_params for r in rs})}"
@@ -274,7 +275,8 @@ def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = 4.0,
 def lr_sensitivity(runs: Sequence[Run], *, min_lrs: int = sensitivity.MIN_LRS):
     """Final loss against LR (log), one panel per optimizer, one colour per size, with each
     size's parabola in ln lr (dashed). Returns (figure, {optimizer: {heads: parabola}})."""
-    groups = _by_optimizer(complete_runs(runs, "an LR-sensitivity figure"))
+    groups = _by_optimizer(budgets.lr_sweep_runs(
+        complete_runs(runs, "an LR-sensitivity figure")))
     from matplotlib import colormaps
 
     figure, axes = _figure(5.5, 4.5, ncols=len(groups))
@@ -317,6 +319,50 @@ def lr_sensitivity(runs: Sequence[Run], *, min_lrs: int = sensitivity.MIN_LRS):
                         "more distinct LRs of one size; add LRs to the sweep (or lower "
                         "--min_lrs, at least 3).")
     return figure, results
+
+
+def within_size(results: Sequence[budgets.BudgetMultiplier], baseline: str = "adamw"):
+    """Per size, against the baseline at that size: the compute multiplier (left; mean ± s.e.
+    over seeds, filled at the sweep budget, hollow at the other budgets, a cross where read off
+    an extrapolation of the baseline's curve) and the fraction of its steps each optimizer took
+    to reach the baseline's final loss (right; below 1: it got there sooner)."""
+    figure, (left, right) = _figure(5.5, 4.5, ncols=2)
+    groups: dict[str, list[budgets.BudgetMultiplier]] = {}
+    for result in results:
+        groups.setdefault(result.optimizer, []).append(result)
+    sizes = sorted({r.heads for r in results})
+    offsets = np.linspace(-0.12, 0.12, max(1, len(groups)))
+    for offset, (group, rows) in zip(offsets, sorted(groups.items())):
+        base = group.split(" ")[0]
+        main_steps = {r.heads: max((x for x in rows if x.heads == r.heads),
+                                   key=lambda x: len(x.seeds)).iterations for r in rows}
+        labelled = False
+        for r in rows:
+            x = sizes.index(r.heads) + offset
+            main = r.iterations == main_steps[r.heads]
+            se = 0.0 if math.isnan(r.multiplier.se) else r.multiplier.se
+            left.errorbar(x, r.multiplier.mean, yerr=se, fmt="x" if r.extrapolated else "o",
+                          color=colour(base), mfc=colour(base) if main else "none",
+                          markersize=7 if main else 5, capsize=3,
+                          label=_label(group, base) if main and not labelled else None)
+            labelled = labelled or main
+            if main and r.steps_fraction is not None:
+                fse = 0.0 if math.isnan(r.steps_fraction.se) else r.steps_fraction.se
+                right.errorbar(x, r.steps_fraction.mean, yerr=fse, fmt="o", color=colour(base),
+                               capsize=3, label=_label(group, base))
+    ticks = [f"h{h}\n{_params_label(next(r for r in results if r.heads == h).total_params)}"
+             for h in sizes]
+    for ax in (left, right):
+        ax.axhline(1.0, color=colour(baseline), linewidth=1, label=display_name(baseline))
+        ax.set_xticks(range(len(sizes)), ticks)
+        ax.set_xlabel("model size (heads, total parameters)")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    left.set_ylabel(f"compute multiplier vs {display_name(baseline)} (bigger is better)")
+    left.set_title("filled: sweep budget; hollow: other budgets; x: extrapolated", fontsize=9)
+    right.set_ylabel(f"fraction of steps to reach {display_name(baseline)}'s final loss")
+    right.set_title("sweep budget, same seed (smaller is better)", fontsize=9)
+    return figure
 
 
 def tau(collections: Sequence[tau_maths.Collection], param: str | None = None, title: str = ""):

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from danastar.analysis import multiplier, seeds
+from danastar.analysis import budgets, multiplier, seeds
 from danastar.analysis.records import Run, complete_runs
 from danastar.errors import UserError
 
@@ -64,10 +64,11 @@ def _lr_key(lr: float) -> float:
 
 
 def best_per_size(runs: Sequence[Run]) -> list[Best]:
-    """Per (optimizer group, arch, heads), the LR with the lowest mean final loss over seeds;
-    partial runs left out. Sorted by optimizer, then size."""
+    """Per (optimizer group, arch, heads), the LR with the lowest mean final loss over seeds,
+    among the runs at the sweep budget (``budgets.lr_sweep_runs``); partial runs left out.
+    Sorted by optimizer, then size."""
     groups: dict[tuple[str, str, int], dict[float, list[Run]]] = {}
-    for run in complete_runs(runs, "choosing the best LR"):
+    for run in budgets.lr_sweep_runs(complete_runs(runs, "choosing the best LR")):
         groups.setdefault((run.group, run.arch, run.heads), {}).setdefault(
             _lr_key(run.lr), []).append(run)
     best = []

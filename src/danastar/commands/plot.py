@@ -1,7 +1,8 @@
-"""`danastar plot scaling|curves|lrlaw|lr-sensitivity|tau [DIRS ...] --out FILE`: the paper's
-figures from run or sweep directories, written as FILE.png and FILE.pdf.
+"""`danastar plot scaling|within-size|curves|lrlaw|lr-sensitivity|tau [DIRS ...] --out FILE`:
+the paper's figures from run or sweep directories, written as FILE.png and FILE.pdf.
 
     danastar plot scaling runs/sweep --vs adamw    # compute multiplier + loss vs compute
+    danastar plot within-size runs/study           # multiplier at each size from budgets
     danastar plot curves runs/sweep --x tokens     # validation loss curves
     danastar plot lrlaw runs/sweep                 # LR law a·(b+P)^d with bootstrap band
     danastar plot lr-sensitivity runs/sweep        # final loss vs LR with parabolas
@@ -14,10 +15,10 @@ import argparse
 import json
 from pathlib import Path
 
-from danastar.analysis import plots, records, table, tau
+from danastar.analysis import budgets, plots, records, table, tau
 from danastar.errors import UserError
 
-KINDS = ("scaling", "curves", "lrlaw", "lr-sensitivity", "tau")
+KINDS = ("scaling", "within-size", "curves", "lrlaw", "lr-sensitivity", "tau")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None,
                         help="output file; written with .png and .pdf (default ./<kind>)")
     parser.add_argument("--vs", default="adamw", metavar="OPTIMIZER",
-                        help="scaling: the baseline of the multiplier (default adamw)")
+                        help="scaling, within-size: the baseline of the multiplier (default "
+                             "adamw)")
     parser.add_argument("--fit", choices=("auto", "broken", "single", "none"), default="auto",
                         help="scaling: the loss-vs-compute fit (default auto: broken power law "
                              "with 6+ sizes per optimizer, single with 3-5, none below)")
@@ -65,6 +67,8 @@ def main(argv: list[str]) -> int:
         figure = plots.scaling(table.best_per_size(runs), baseline=args.vs, fit=args.fit)
         if figure.fit is not None:
             print(f"floor a = {figure.fit.floor:.4g}, R² = {figure.fit.r2:.4f}")
+    elif args.kind == "within-size":
+        figure = plots.within_size(budgets.within_size_multipliers(runs, args.vs), args.vs)
     elif args.kind == "curves":
         figure = plots.curves(runs, x=args.x)
     elif args.kind == "lrlaw":

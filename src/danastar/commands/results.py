@@ -3,6 +3,7 @@
     danastar results runs/lr-sweep                 # every run: state, losses, compute
     danastar results runs/lr-sweep --best          # best LR per optimizer and size (seeds: ± s.e.)
     danastar results runs/lr-sweep --vs adamw      # ... with the compute multiplier vs AdamW
+    danastar results runs/study --vs adamw --within_size   # ... at each size from step budgets
     danastar results runs/lr-sweep --csv out.csv   # or --json out.json ('-': standard output)
 """
 
@@ -18,7 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from danastar.analysis import records, table
+from danastar.analysis import budgets, records, table
+from danastar.errors import UserError
+
+WITHIN_SIZE_COLUMNS = ("optimizer", "arch", "heads", "steps", "lr", "seeds", "final_loss",
+                       "multiplier", "steps_to_baseline")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="add the measured compute multiplier against this optimizer, and the "
                              "fraction of compute saved reaching its final loss at each size "
                              "(implies --best), e.g. adamw")
+    parser.add_argument("--within_size", action="store_true",
+                        help="with --vs: the multiplier at each size from the baseline's runs "
+                             "at several step budgets (its best LR trained shorter and longer), "
+                             "seeds paired; also the steps each optimizer took to reach the "
+                             "baseline's final loss")
     parser.add_argument("--csv", metavar="FILE", default=None, help="write CSV ('-': stdout)")
     parser.add_argument("--json", metavar="FILE", default=None, help="write JSON ('-': stdout)")
     return parser
@@ -52,7 +62,7 @@ def _cell(column: str, value: Any) -> str:
         return f"{value:,.0f}"
     if column == "multiplier":
         return f"{value:.2f}"
-    if column == "saved_fraction":
+    if column in ("saved_fraction", "steps_to_baseline"):
         return f"{value:.0%}"
     if isinstance(value, float):
         return f"{value:.4f}"
@@ -68,6 +78,10 @@ def _display(rows: list[dict[str, Any]], columns: Sequence[str]) -> tuple[list[s
             text = _cell(column, row.get(column))
             if column == "final_loss" and row.get("final_loss_se") is not None:
                 text += f" ± {row['final_loss_se']:.4f}"
+            if column == "multiplier" and row.get("multiplier_se") is not None:
+                text += f" ± {row['multiplier_se']:.2f}"
+            if column == "steps_to_baseline" and row.get("steps_to_baseline_se") is not None:
+                text += f" ± {row['steps_to_baseline_se']:.0%}"
             if column == "multiplier" and row.get("multiplier_kind", "").startswith("extrap"):
                 text += "*"
             line.append(text)
@@ -106,7 +120,12 @@ def _write(target: str, text: str) -> None:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     runs = records.find_runs(args.dirs)
-    if args.vs:
+    if args.within_size and not args.vs:
+        raise UserError("--within_size compares against a baseline; add --vs, e.g. --vs adamw.")
+    if args.within_size:
+        rows = [r.row() for r in budgets.within_size_multipliers(runs, args.vs)]
+        columns = WITHIN_SIZE_COLUMNS
+    elif args.vs:
         rows = table.with_multipliers(table.best_per_size(runs), args.vs, runs)
         columns = table.BEST_COLUMNS + ("multiplier", "saved_fraction")
     elif args.best:
