@@ -8,7 +8,7 @@
 
 1. the LR sweep of `sweeps/lr-h<H>.yaml` (every optimizer at 5 LRs spaced x2 around its scaling
    law's LR);
-2. where an optimizer's best LR is at an edge of what was swept, one more LR beyond that edge
+2. where an optimizer's best LR is at an edge of what was swept, two more LRs beyond that edge
    (`sweeps/generated/widen-h<H>-<OPT>.yaml`), until the best is inside;
 3. at each optimizer's best LR: seeds 1 and 2, and the shorter budgets (1/4 and 1/2 of the
    size's steps; AdamW also twice the steps where that stays within about an epoch, and every
@@ -44,6 +44,7 @@ BASELINE = "adamw"
 SEEDS = (0, 1, 2)
 EPOCH_STEPS = 462  # 1,892,697 training tokens / (32 x 128) tokens per step
 MAX_WIDENINGS = 3
+LR_MULTIPLIERS = (0.25, 0.5, 1, 2, 4)  # the sweep files' grid
 
 
 def sweep_file(heads: int) -> Path:
@@ -112,18 +113,19 @@ def write_sweep(path: Path, name: str, heads: int, grid: dict, comment: str) -> 
 
 
 def widen(heads: int, optimizer: str, runs: Path, parallel: int) -> None:
-    """Add LRs beyond an edge while the best of this optimizer's sweep sits on it."""
+    """Add LRs beyond an edge while the best of this optimizer's sweep sits on it: two more
+    at a time (x2 and x4 past the edge), so that two runs can train side by side."""
     for _ in range(MAX_WIDENINGS):
         losses = final_losses(heads, optimizer)
         best = min(losses, key=losses.get)
         if min(losses) < best < max(losses):
             return
-        extra = best / 2 if best == min(losses) else best * 2
-        swept = sorted(set(losses) | {extra})
-        grid_values = [m for m in swept if m not in (0.25, 0.5, 1, 2, 4)]
+        step = 0.5 if best == min(losses) else 2.0
+        swept = sorted(set(losses) | {best * step, best * step * step})
         path = write_sweep(GENERATED / f"widen-h{heads}-{optimizer}.yaml",
                            f"study-widen-h{heads}-{optimizer}", heads,
-                           {"optim.name": [optimizer], "lr_multiplier": grid_values,
+                           {"optim.name": [optimizer],
+                            "lr_multiplier": [m for m in swept if m not in LR_MULTIPLIERS],
                             "train.seed": [0]},
                            f"LRs beyond the edge of {optimizer}'s sweep at {heads} heads.")
         run_sweep(path, runs, parallel)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from danastar.analysis import budgets, fits, lrlaw, multiplier, sensitivity
+from danastar.analysis import budgets, fits, lrlaw, multiplier, seeds, sensitivity
 from danastar.analysis import tau as tau_maths
 from danastar.analysis.records import Run, complete_runs
 from danastar.analysis.table import Best, check_baseline
@@ -206,6 +206,38 @@ def curves(runs: Sequence[Run], x: str = "compute"):
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=7, ncols=2)
     ax.set_title("Validation loss (one colour per optimizer, darker = larger)", fontsize=9)
+    return figure
+
+
+def lr_sweeps(runs: Sequence[Run]):
+    """Final validation loss against LR (log), one panel per size, one line per optimizer (mean
+    ± s.e. where an LR has several seeds), its best LR starred; runs at the sweep budget only."""
+    chosen = budgets.lr_sweep_runs(complete_runs(runs, "an LR-sweep figure"))
+    sizes = sorted({r.size for r in chosen})
+    if not sizes:
+        raise UserError("no complete runs to draw; wait for the sweep to finish some.")
+    figure, axes = _figure(4.5, 4.0, ncols=len(sizes))
+    for ax, size in zip(axes, sizes):
+        for group, group_runs in _by_optimizer([r for r in chosen if r.size == size]).items():
+            base = group_runs[0].optimizer
+            by_lr: dict[float, list[float]] = {}
+            for run in group_runs:
+                by_lr.setdefault(float(f"{run.lr:.4g}"), []).append(run.final_loss)
+            lrs = sorted(by_lr)
+            stats = [seeds.mean_se(by_lr[lr]) for lr in lrs]
+            errors = [0.0 if math.isnan(m.se) else m.se for m in stats]
+            ax.errorbar(lrs, [m.mean for m in stats], yerr=errors, marker="o", markersize=4,
+                        capsize=2, color=colour(base), linestyle=linestyle(base),
+                        label=_label(group, base))
+            best = min(range(len(lrs)), key=lambda i: stats[i].mean)
+            ax.plot(lrs[best], stats[best].mean, "*", color=colour(base), markersize=12)
+        ax.set_xscale("log")
+        ax.set_xlabel("peak learning rate")
+        ax.set_ylabel("final validation loss")
+        ax.set_title(f"{size[0]} h{size[1]} ({_params_label(group_runs[0].total_params)} "
+                     f"parameters, {group_runs[0].iterations} steps)", fontsize=9)
+        ax.grid(True, which="both", alpha=0.2)
+        ax.legend(fontsize=7)
     return figure
 
 

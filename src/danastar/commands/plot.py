@@ -1,10 +1,11 @@
-"""`danastar plot scaling|within-size|curves|lrlaw|lr-sensitivity|tau [DIRS ...] --out FILE`:
-the paper's figures from run or sweep directories, written as FILE.png and FILE.pdf.
+"""`danastar plot KIND [DIRS ...] --out FILE`: the paper's figures from run or sweep
+directories, written as FILE.png and FILE.pdf.
 
     danastar plot scaling runs/sweep --vs adamw    # compute multiplier + loss vs compute
     danastar plot within-size runs/study           # multiplier at each size from budgets
     danastar plot curves runs/sweep --x tokens     # validation loss curves
     danastar plot lrlaw runs/sweep                 # LR law a·(b+P)^d with bootstrap band
+    danastar plot lr-sweep runs/sweep              # final loss vs LR, one panel per size
     danastar plot lr-sensitivity runs/sweep        # final loss vs LR with parabolas
     danastar plot tau runs/my-run                  # τ CDFs (--collect_tau_stats); --param NAME
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 from danastar.analysis import budgets, plots, records, table, tau
 from danastar.errors import UserError
 
-KINDS = ("scaling", "within-size", "curves", "lrlaw", "lr-sensitivity", "tau")
+KINDS = ("scaling", "within-size", "curves", "lrlaw", "lr-sweep", "lr-sensitivity", "tau")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +68,8 @@ def main(argv: list[str]) -> int:
         figure = plots.scaling(table.best_per_size(runs), baseline=args.vs, fit=args.fit)
         if figure.fit is not None:
             print(f"floor a = {figure.fit.floor:.4g}, R² = {figure.fit.r2:.4f}")
+    elif args.kind == "lr-sweep":
+        figure = plots.lr_sweeps(runs)
     elif args.kind == "within-size":
         figure = plots.within_size(budgets.within_size_multipliers(runs, args.vs), args.vs)
     elif args.kind == "curves":
