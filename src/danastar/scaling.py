@@ -100,13 +100,24 @@ def lr_law(arch: str, opt: str, non_embedding: int, *, global_batch: int = REFER
     decimals, else the nearest κ (distances compared in floating point), the row listed first
     at a tie.
     """
+    found = lr_law_coefficients(arch, opt, global_batch=global_batch, kappa=kappa)
+    if found is None:
+        return None
+    (a, b, d), label = found
+    return a * (b + non_embedding) ** d, label
+
+
+def lr_law_coefficients(arch: str, opt: str, *, global_batch: int = REFERENCE_BATCH,
+                        kappa: float = DEFAULT_KAPPA
+                        ) -> tuple[tuple[float, float, float], str] | None:
+    """The (a, b, d) of the law γ*(P) = a·(b + P)^d that ``lr_law`` uses, and its row's label;
+    None if no law exists."""
     table, rows = _law_rows(arch, global_batch, opt)
     if not rows:
         return None
     row = _kappa_row(rows, kappa)
-    a, b, d = float(row["a"]), float(row["b"]), float(row["d"])
     label = f"{table}/{opt}" + (f"/kappa{row['kappa']}" if "kappa" in row else "")
-    return a * (b + non_embedding) ** d, label
+    return (float(row["a"]), float(row["b"]), float(row["d"])), label
 
 
 def _kappa_row(rows: list[dict[str, float]], kappa: float) -> dict[str, float]:

@@ -1,0 +1,191 @@
+"""The study's tables and figures, rebuilt from the committed records alone (no training).
+
+    python studies/cpu-shakespeare/report.py        # writes docs/study-cpu/*.png|pdf, results.md
+
+Figures: the LR sweep per size, the validation curves at the best LRs, the compute multiplier
+against AdamW within each size (seed error bars) with the steps to AdamW's loss, the LR laws
+fitted on the three sizes, the LR sensitivity. Tables (results.md): best LR per size against
+the scaling law's, the multipliers, the sensitivities, the fitted laws next to the paper's,
+and the CPU time the runs took.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from datetime import datetime
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+RECORDS = HERE / "records"
+OUT = ROOT / "docs" / "study-cpu"
+BASELINE = "adamw"
+
+sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without installing
+
+from danastar import scaling  # noqa: E402
+from danastar.analysis import budgets, plots, records, sensitivity, table  # noqa: E402
+from danastar.errors import UserError  # noqa: E402
+
+
+def lr_multiplier(run: records.Run) -> float | None:
+    point = run.path / "sweep_point.json"
+    return json.loads(point.read_text()).get("lr_multiplier") if point.is_file() else None
+
+
+def fmt(value: float | None, spec: str = ".4f") -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else format(value, spec)
+
+
+def pm(mean_se, spec: str = ".4f") -> str:
+    if mean_se.n > 1 and not math.isnan(mean_se.se):
+        return f"{mean_se.mean:{spec}} ± {mean_se.se:{spec}}"
+    return format(mean_se.mean, spec)
+
+
+def wall_seconds(run: records.Run) -> float | None:
+    """From the first start (run.json) to the last status update, for runs never resumed."""
+    try:
+        starts = json.loads((run.path / "run.json").read_text())["starts"]
+        end = json.loads((run.path / "status.json").read_text())["updated"]
+    except (OSError, KeyError, ValueError):
+        return None
+    if len(starts) != 1:
+        return None
+    parse = lambda text: datetime.fromisoformat(text.replace("Z", "+00:00"))  # noqa: E731
+    return (parse(end) - parse(starts[0]["at"])).total_seconds()
+
+
+def best_lr_table(runs: list[records.Run]) -> list[str]:
+    lines = ["| optimizer | heads | steps | LRs swept (× law) | best (× law) | best LR | law's LR "
+             "| final loss (seeds) |", "|---|---|---|---|---|---|---|---|"]
+    for best in table.best_per_size(runs):
+        swept = sorted({lr_multiplier(r) for r in runs if r.group == best.optimizer
+                        and r.size == (best.arch, best.heads) and r.complete
+                        and r.iterations == best.runs[0].iterations} - {None})
+        chosen = lr_multiplier(best.runs[0])
+        law = best.lr / chosen if chosen else None
+        lines.append(f"| {best.optimizer} | {best.heads} | {best.runs[0].iterations} | "
+                     f"{', '.join(f'{m:g}' for m in swept)} | {fmt(chosen, 'g')} | "
+                     f"{best.lr:.3g} | {fmt(law, '.3g')} | {pm(best.loss)} ({best.loss.n}) |")
+    return lines
+
+
+def multiplier_table(results: list[budgets.BudgetMultiplier]) -> list[str]:
+    lines = [f"| optimizer | heads | steps | seeds | final loss | multiplier vs {BASELINE} | "
+             f"steps to {BASELINE}'s loss |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        mark = " (extrapolated)" if r.extrapolated else ""
+        unpaired = "" if r.paired else " (seed-mean curve)"
+        steps = "not reached" if r.steps_fraction is None else pm(r.steps_fraction, ".0%")
+        lines.append(f"| {r.optimizer} | {r.heads} | {r.iterations} | {len(r.seeds)} | "
+                     f"{pm(r.losses)} | {pm(r.multiplier, '.2f')}{mark}{unpaired} | {steps} |")
+    return lines
+
+
+def sensitivity_table(parabolas: dict) -> list[str]:
+    lines = ["| optimizer | heads | curvature ζ | lr* | ΔL at 2× LR error |",
+             "|---|---|---|---|---|"]
+    for group, per_size in parabolas.items():
+        for (_, heads), p in sorted(per_size.items()):
+            if not p.has_minimum:
+                lines.append(f"| {group} | {heads} | no minimum inside the swept LRs | – | – |")
+                continue
+            cost = sensitivity.lr_error_cost(p.curvature, 1.0)
+            lines.append(f"| {group} | {heads} | {p.curvature:.4f} | {p.best_lr:.3g} | "
+                         f"{cost:.4f} |")
+        mean = sensitivity.mean_curvature(list(per_size.values()))
+        cost = None if math.isnan(mean) else sensitivity.lr_error_cost(mean, 1.0)
+        lines.append(f"| {group} | mean | {fmt(mean)} | | {fmt(cost)} |")
+    return lines
+
+
+def law_table(fits: dict, runs: list[records.Run]) -> list[str]:
+    lines = ["| optimizer | fitted a, b, d (95% bootstrap) | paper's a, b, d | "
+             "fitted / paper's LR at h4 | at h12 (P = 84.9M) |", "|---|---|---|---|---|"]
+    for group, fit in fits.items():
+        base = group.split(" ")[0]
+        kappa = next((r.kappa for r in runs if r.group == group and r.kappa is not None), 0.85)
+        paper = scaling.lr_law_coefficients("enoki", base, global_batch=32, kappa=kappa)
+        intervals = ", ".join(f"{name} [{low:.3g}, {high:.3g}]"
+                              for name, (low, high) in fit.interval.items())
+        cells = [f"{fit.a:.3g}, {fit.b:.3g}, {fit.d:.3f} ({intervals})"]
+        if paper is None:
+            cells += ["–", "–", "–"]
+        else:
+            a, b, d = paper[0]
+            cells.append(f"{a:.3g}, {b:.3g}, {d:.3f}")
+            for params in (12 * 256 ** 2 * 3, 12 * 768 ** 2 * 12):
+                cells.append(f"{fit.lr(params) / (a * (b + params) ** d):.2f}")
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def report() -> None:
+    runs = records.find_runs([RECORDS])
+    complete = [r for r in runs if r.complete]
+    OUT.mkdir(parents=True, exist_ok=True)
+    text = ["# CPU study: tables", "",
+            "Generated by `python studies/cpu-shakespeare/report.py` from "
+            "`studies/cpu-shakespeare/records/`; do not edit. "
+            f"{len(complete)} complete runs, {len(runs) - len(complete)} partial.", ""]
+
+    def figure(name: str, make) -> None:
+        try:
+            written = plots.save(make(), OUT / name)
+        except UserError as error:
+            text.extend([f"*{name}: not drawn: {error}*", ""])
+            print(f"{name}: {error}")
+            return
+        print("wrote", ", ".join(str(p.relative_to(ROOT)) for p in written))
+
+    figure("lr_sweep", lambda: plots.lr_sweeps(runs))
+    best_seed0 = []
+    for key in sorted({(r.group, r.size) for r in complete}):
+        chosen = budgets.best_lr_runs([r for r in complete if (r.group, r.size) == key])
+        sweep_steps = max(r.iterations for r in chosen if r.seed == 0)
+        best_seed0 += [r for r in chosen if r.seed == 0 and r.iterations == sweep_steps]
+    figure("curves", lambda: plots.curves(best_seed0))
+    parabolas: dict = {}
+
+    def sensitivity_figure():
+        made, found = plots.lr_sensitivity(runs)
+        parabolas.update(found)
+        return made
+
+    figure("lr_sensitivity", sensitivity_figure)
+    fits: dict = {}
+
+    def law_figure():
+        made, found = plots.lrlaw_figure(runs, k=5, bootstrap=1000, seed=0)
+        fits.update(found)
+        return made
+
+    figure("lrlaw", law_figure)
+    text += ["## Best LR per size", ""] + best_lr_table(runs) + [""]
+    try:
+        results = budgets.within_size_multipliers(runs, BASELINE)
+        figure("within_size", lambda: plots.within_size(results, BASELINE))
+        text += [f"## Compute multiplier against {BASELINE} within each size", ""]
+        text += multiplier_table(results) + [""]
+    except UserError as error:
+        text += [f"*Multipliers: not computed yet: {error}*", ""]
+    if parabolas:
+        text += ["## LR sensitivity", ""] + sensitivity_table(parabolas) + [""]
+    if fits:
+        text += ["## LR laws fitted on the study's sizes", ""] + law_table(fits, runs) + [""]
+    seconds = [s for s in (wall_seconds(r) for r in complete) if s is not None]
+    text += ["## CPU time", "",
+             f"{len(seconds)} runs timed: {sum(seconds) / 3600:.2f} hours of run time in all "
+             "(two one-thread runs side by side on the 2-core machine, so about the same in "
+             "core-hours), mean "
+             f"{sum(seconds) / max(1, len(seconds)):.0f} s per run.", ""]
+    (OUT / "results.md").write_text("\n".join(text))
+    print("wrote", (OUT / "results.md").relative_to(ROOT))
+
+
+if __name__ == "__main__":
+    report()
