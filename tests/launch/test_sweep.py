@@ -2,8 +2,10 @@
 complete runs skipped, interrupted ones resumed; bad sweep files refused in one sentence."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -129,3 +131,35 @@ def test_a_sweep_trains_each_point_skips_complete_runs_and_resumes_interrupted_o
     assert third.returncode == 0, third.stderr
     assert "all 4 runs are complete; nothing to train" in third.stdout
     assert {path: path.read_bytes() for path in root.rglob("*.jsonl")} == everything
+
+
+@pytest.mark.parametrize("sig, code", [pytest.param(signal.SIGTERM, 75, marks=pytest.mark.slow),
+                                       (signal.SIGINT, 130)])
+def test_a_signal_to_the_sweep_stops_its_runs_where_they_can_resume(tmp_path, sig, code):
+    # Long enough to be running when the signal comes; SIGINT is ignored by the parent, as for a
+    # sweep started in the background, and the sweep must stop on it all the same.
+    spec = write_spec(tmp_path, base={**BASE, "train.iterations": 400, "train.eval_interval": 400,
+                                      "train.log_interval": 1},
+                      grid={"optim.name": ["adamw", "adana"], "lr_multiplier": [1]})
+    root = tmp_path / "runs" / "tiny"
+    command = [sys.executable, "-m", "danastar", "sweep", str(spec), "--runs_root",
+               str(tmp_path / "runs"), "--parallel", "2", "--no_wandb"]
+    process = subprocess.Popen(command, env=environment(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    metrics = [root / name / "metrics.jsonl" for name in ("adamw-lrx1", "adana-lrx1")]
+    deadline = time.monotonic() + 120
+    while not all(m.is_file() and '"train_loss"' in m.read_text() for m in metrics):
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == code, stderr
+    assert "run the same command again to resume it" in stderr and "Traceback" not in stderr
+    steps = {m: m.read_bytes() for m in metrics}
+    time.sleep(1.0)  # nothing left training: the metrics stay as they are
+    assert {m: m.read_bytes() for m in metrics} == steps
+    for name in ("adamw-lrx1", "adana-lrx1"):
+        state = run_state(root / name)
+        assert state["state"] == "partial" and 0 < state["step"] < 400, state
+        assert any((root / name / "checkpoints").iterdir())  # it saved before stopping

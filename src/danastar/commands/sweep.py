@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from pathlib import Path
 from danastar.config import load_config
 from danastar.errors import UserError
 from danastar.launch.sweep_spec import SweepPoint, load_sweep, run_state
+from danastar.train.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 
 @dataclass
@@ -151,12 +153,26 @@ def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int
     running: dict[int, tuple[PlannedRun, subprocess.Popen, object]] = {}
     failed: list[tuple[PlannedRun, int]] = []
     queue = list(todo)
+    stop: list[int] = []  # the signal that stops the sweep, once received
+
+    def on_signal(signum, _frame) -> None:
+        # Each run is in its own session (see start), so it hears only this one signal: it
+        # saves a checkpoint and stops; no new run starts.
+        if not stop:
+            stop.append(signum)
+            for _run, process, _log in running.values():
+                process.send_signal(signum)
+
+    # Installed explicitly: a sweep started in the background inherits SIGINT ignored.
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while queue or running:
-            while queue and len(running) < parallel:
+        while (queue and not stop) or running:
+            while queue and len(running) < parallel and not stop:
                 run, slot = queue.pop(0), slots.pop(0)
                 running[slot] = (run, *start(run, root, gpus[slot] if len(gpus) >= parallel
                                                 else None))
+                if stop:  # the signal came while this run was starting
+                    running[slot][1].send_signal(stop[0])
                 bar.set_postfix_str(", ".join(r.point.name for r, _, _ in running.values()))
             time.sleep(0.2)
             for slot, (run, process, log) in list(running.items()):
@@ -175,19 +191,15 @@ def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int
                     bar.write(f"{run.point.name}: stopped with exit code {code} at step "
                               f"{state['step']} ({root / 'logs' / (run.point.name + '.log')})")
                 bar.set_postfix_str(", ".join(r.point.name for r, _, _ in running.values()))
-    except KeyboardInterrupt:
-        # The runs received the interrupt too (same process group): let them save and stop.
-        for _run, process, log in running.values():
-            try:
-                process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
-            log.close()
-        bar.close()
-        print(f"sweep {name} interrupted; run the same command again to resume it.",
-              file=sys.stderr)
-        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     bar.close()
+    if stop:
+        why = "by Ctrl-C" if stop[0] == signal.SIGINT else f"by {signal.Signals(stop[0]).name}"
+        print(f"sweep {name} stopped {why}; its runs saved where they were; run the same "
+              "command again to resume it.", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE if stop[0] == signal.SIGINT else PREEMPTED_EXIT_CODE
     if failed:
         names = ", ".join(f"{run.point.name} (exit {code})" for run, code in failed)
         print(f"sweep {name}: {len(runs) - len(failed)} of {len(runs)} runs complete; not "
@@ -206,6 +218,8 @@ def start(run: PlannedRun, root: Path, gpu: str | None):
     env = dict(os.environ)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
+    # Its own session: a terminal's Ctrl-C reaches the sweep alone, which passes it on once.
     process = subprocess.Popen([sys.executable, "-m", "danastar", "train", *run.argv],
-                               stdout=log, stderr=subprocess.STDOUT, env=env)
+                               stdout=log, stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True)
     return process, log
