@@ -149,11 +149,19 @@ def final_runs(heads: int, optimizer: str, runs: Path, parallel: int) -> None:
     comment = (f"{optimizer} at {heads} heads, at its best LR ({multiplier:g} x the law's): "
                "seeds and budgets.")
     if optimizer == BASELINE:
-        grid = {"optim.name": [optimizer], "lr_multiplier": [multiplier],
-                "train.iterations": budgets(heads, optimizer), "train.seed": list(SEEDS)}
-        path = write_sweep(GENERATED / f"final-h{heads}-{optimizer}.yaml", name, heads, grid,
-                           comment)
-        run_sweep(path, runs, parallel)
+        # every budget with seeds 1 and 2; with seed 0 all but the sweep's own run
+        seeds = write_sweep(GENERATED / f"final-h{heads}-{optimizer}.yaml", name, heads,
+                            {"optim.name": [optimizer], "lr_multiplier": [multiplier],
+                             "train.iterations": budgets(heads, optimizer),
+                             "train.seed": list(SEEDS[1:])}, comment)
+        seed0 = write_sweep(GENERATED / f"final-h{heads}-{optimizer}-seed0.yaml",
+                            name + "-seed0", heads,
+                            {"optim.name": [optimizer], "lr_multiplier": [multiplier],
+                             "train.iterations": [s for s in budgets(heads, optimizer)
+                                                  if s != full],
+                             "train.seed": [0]}, comment)
+        run_sweep(seeds, runs, parallel)
+        run_sweep(seed0, runs, parallel)
         return
     seeds = write_sweep(GENERATED / f"final-h{heads}-{optimizer}-seeds.yaml", name + "-seeds",
                         heads, {"optim.name": [optimizer], "lr_multiplier": [multiplier],
