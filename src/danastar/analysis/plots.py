@@ -364,6 +364,7 @@ def within_size(results: Sequence[budgets.BudgetMultiplier], baseline: str = "ad
         groups.setdefault(result.optimizer, []).append(result)
     sizes = sorted({r.heads for r in results})
     offsets = np.linspace(-0.12, 0.12, max(1, len(groups)))
+    missed: list[str] = []  # never reached the baseline's loss within its steps
     for offset, (group, rows) in zip(offsets, sorted(groups.items())):
         base = group.split(" ")[0]
         main_steps = {r.heads: max((x for x in rows if x.heads == r.heads),
@@ -382,10 +383,16 @@ def within_size(results: Sequence[budgets.BudgetMultiplier], baseline: str = "ad
                 fse = 0.0 if math.isnan(r.steps_fraction.se) else r.steps_fraction.se
                 right.errorbar(x, r.steps_fraction.mean, yerr=fse, fmt="o", color=colour(base),
                                capsize=3, label=_label(group, base))
+            elif main:
+                missed.append(f"{_label(group, base)} at h{r.heads}")
     ticks = [f"h{h}\n{_params_label(next(r for r in results if r.heads == h).total_params)}"
              for h in sizes]
+    if missed:
+        right.text(0.02, 0.02, "never reached it: " + ", ".join(missed), fontsize=7,
+                   transform=right.transAxes, wrap=True)
     for ax in (left, right):
         ax.axhline(1.0, color=colour(baseline), linewidth=1, label=display_name(baseline))
+        ax.set_xlim(-0.5, len(sizes) - 0.5)
         ax.set_xticks(range(len(sizes)), ticks)
         ax.set_xlabel("model size (heads, total parameters)")
         ax.grid(True, axis="y", alpha=0.3)
