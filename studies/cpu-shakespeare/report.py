@@ -145,8 +145,9 @@ def report() -> None:
     figure("lr_sweep", lambda: plots.lr_sweeps(runs))
     best_seed0 = []
     for key in sorted({(r.group, r.size) for r in complete}):
-        chosen = budgets.best_lr_runs([r for r in complete if (r.group, r.size) == key])
-        sweep_steps = max(r.iterations for r in chosen if r.seed == 0)
+        group_runs = [r for r in complete if (r.group, r.size) == key]
+        chosen = budgets.best_lr_runs(group_runs)
+        sweep_steps = budgets.sweep_budget(group_runs)
         best_seed0 += [r for r in chosen if r.seed == 0 and r.iterations == sweep_steps]
     figure("curves", lambda: plots.curves(best_seed0))
     parabolas: dict = {}
