@@ -99,12 +99,18 @@ def _looped(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torc
     return torch.cat([chunk @ weight[e].T for e, chunk in enumerate(chunks)])
 
 
-@torch.compiler.disable
 def grouped_mm_works(device: torch.device, dtype: torch.dtype, size_in: int,
                      size_out: int) -> bool:
     """Whether ``torch._grouped_mm`` runs here, forward and backward, agrees with the loop and
     gives an expert without rows an exact-zero gradient (tried once per key)."""
     key = (device.type, device.index, dtype, size_in, size_out)
+    works = _GROUPED_MM_WORKS.get(key)  # a plain look-up, which torch.compile traces
+    return _try_grouped_mm(key, device, dtype, size_in, size_out) if works is None else works
+
+
+@torch.compiler.disable
+def _try_grouped_mm(key: tuple, device: torch.device, dtype: torch.dtype, size_in: int,
+                    size_out: int) -> bool:
     if key not in _GROUPED_MM_WORKS:
         # torch.compile's shape checks admit bfloat16 with 16-byte-aligned rows only, whatever
         # the eager kernel of the device accepts
@@ -263,7 +269,8 @@ class MoE(nn.Module):
         flat = indices.flatten()  # (N·k) pairs, token-major
         order = flat.argsort(stable=True)
         token = order // self.top_k
-        counts = torch.bincount(flat, minlength=self.num_routed)
+        # tokens per expert, in a shape torch.compile knows (bincount's depends on the data)
+        counts = flat.new_zeros(self.num_routed).index_add_(0, flat, torch.ones_like(flat))
         x_sorted = x[token]
         if self.dispatcher is None:
             out, dropped = self.experts(x_sorted, counts), 0
