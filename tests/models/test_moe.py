@@ -186,6 +186,46 @@ def test_grouped_matmul_equals_the_loop():
     assert torch.count_nonzero(results[0][2][1]) == 0
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_grouped_matmul_on_cuda_equals_the_loop_and_is_chosen():
+    device = torch.device("cuda")
+    assert grouped_mm_works(device, torch.bfloat16, 64, 128)
+    counts = torch.tensor([40, 0, 24, 8], device=device)
+    x = torch.randn(72, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(4, 128, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    results = []
+    for grouped in (True, False):
+        x.grad = weight.grad = None
+        out = expert_matmul(x, weight, counts, grouped=grouped)
+        out.backward(torch.ones_like(out))
+        results.append((out, x.grad, weight.grad))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+    assert torch.count_nonzero(results[0][2][1]) == 0
+
+
+def test_dispatcher_runs_the_experts_and_reports_drops():
+    layer = moe_layer(moe_num_experts=4)
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    reference = layer(x)
+    calls = []
+
+    def dispatcher(x_sorted, counts, experts):
+        # what expert parallelism does with one rank: run them, here dropping the last row
+        calls.append(counts.tolist())
+        out = experts(x_sorted, counts)
+        out[-1] = 0
+        return out, 1
+
+    layer.dispatcher = dispatcher
+    dispatched = layer(x)
+    assert sum(calls[0]) == 2 * 5 * 2 and len(calls[0]) == 4
+    changed = (dispatched - reference).abs().sum(-1).flatten() > 0
+    assert changed.sum() == 1  # the token of the dropped pair lost only that expert's share
+    assert layer.dropped == (1, 20)
+
+
 def test_param_groups_init_counts_and_flops():
     model = tiny_model("enoki", n_layer=4, n_embd=64, n_head=4, mlp_hidden=256, moe=True,
                        moe_num_experts=6, moe_num_shared_experts=1, moe_num_experts_per_tok=2)
