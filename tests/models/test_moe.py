@@ -211,7 +211,7 @@ def test_dispatcher_runs_the_experts_and_reports_drops():
     reference = layer(x)
     calls = []
 
-    def dispatcher(x_sorted, counts, experts):
+    def dispatcher(x_sorted, counts, experts, token_order=None):
         # what expert parallelism does with one rank: run them, here dropping the last row
         calls.append(counts.tolist())
         out = experts(x_sorted, counts)

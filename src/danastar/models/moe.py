@@ -218,7 +218,8 @@ class MoE(nn.Module):
     ``load`` the fraction of routed (token, expert) pairs per expert (R,) and ``dropped`` the
     pairs a capacity dropped and all pairs; the model collects them. ``dispatcher`` (None:
     local experts) lets expert parallelism run the experts: it is called as
-    ``dispatcher(x_sorted, counts, experts)`` and returns ``(out, dropped_pairs)``.
+    ``dispatcher(x_sorted, counts, experts, token_order=order)`` (``order``: each sorted row's
+    position among the token-major pairs) and returns ``(out, dropped_pairs)``.
     """
 
     def __init__(self, config: ModelConfig):
@@ -275,7 +276,8 @@ class MoE(nn.Module):
         if self.dispatcher is None:
             out, dropped = self.experts(x_sorted, counts), 0
         else:
-            out, dropped = self.dispatcher(x_sorted, counts, self.experts)
+            # the pairs' token-major order: a capacity drops the last pairs in token order
+            out, dropped = self.dispatcher(x_sorted, counts, self.experts, token_order=order)
         weighted = out.float() * weights.flatten()[order, None]
         y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         y = y.index_add(0, token, weighted)
