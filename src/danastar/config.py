@@ -970,6 +970,7 @@ def default_run_dir(config: TrainConfig) -> Path:
     parts = [dataset, model.arch, f"h{model.heads}"]
     parts += [f"{key}{getattr(model, key)}" for key in ("n_layer", "n_embd", "n_head")
               if getattr(model, key) is not None]
+    parts += moe_name_parts(model)
     parts.append(optim.name)
     defaults = OptimSection()
     short = {"lr": "lr", "weight_decay": "wd", "omega": "om", "kappa": "k", "delta": "d",
@@ -982,6 +983,33 @@ def default_run_dir(config: TrainConfig) -> Path:
               if value != SCHEDULE_OPTIONS[optim.scheduler][name]]
     parts.append(f"s{train.seed}")  # not the iterations: extending a run keeps its directory
     return Path("runs") / "-".join(parts)
+
+
+# Short tags of the MoE settings in a run's default name (given away from their defaults).
+MOE_NAME_TAGS = {"moe_num_shared_experts": "s", "moe_softmax_order": "", "moe_router_loss": "",
+                 "moe_aux_loss_factor": "aux", "moe_z_loss_factor": "rz",
+                 "moe_entropy_loss_factor": "ent", "moe_expert_capacity_factor": "cap",
+                 "use_gated_shared_expert": "gse", "shared_expert_intermediate_size": "gse",
+                 "decoder_sparse_step": "step", "mlp_only_layers": "dense", "moe_budget": "budget"}
+
+
+def moe_name_parts(model: ModelSection) -> list[str]:
+    """A MoE run's part of its default name: E and k, then each other setting away from its
+    default (so that runs with other experts do not share a directory)."""
+    if not model.moe:
+        return []
+    defaults = ModelSection()
+    parts = [f"moe{model.moe_num_experts}x{model.moe_num_experts_per_tok}"]
+    for key, tag in MOE_NAME_TAGS.items():
+        value = getattr(model, key)
+        if value == getattr(defaults, key):
+            continue
+        if isinstance(value, bool):
+            value = ""
+        elif isinstance(value, float):
+            value = f"{value:g}"
+        parts.append(f"{tag}{value}".replace(",", "_"))
+    return parts
 
 
 def save_yaml(config: TrainConfig, path: Path) -> None:
