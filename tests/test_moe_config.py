@@ -172,3 +172,15 @@ def test_the_model_built_for_a_run_has_the_configured_experts():
     model = model_config(config, make_run_plan(config, 256, 1))
     assert (model.moe, model.moe_num_experts, model.moe_num_shared_experts,
             model.moe_num_experts_per_tok) == (True, 4, 1, 3)
+
+
+def test_runs_with_other_experts_get_other_default_directories():
+    from danastar.config import default_run_dir
+
+    names = {str(default_run_dir(load_config([*BASE, *argv])[0])) for argv in (
+        [], ["--moe"], ["--moe", "--moe_num_experts", "16"],
+        ["--moe", "--moe_aux_loss_factor", "0"],
+        ["--arch", "qwen3next", "--mlp_only_layers", "0,2"])}
+    assert len(names) == 5 and any("moe16x2" in name for name in names)
+    assert any("-moe8x2-aux0-" in name for name in names)
+    assert any("-moe8x2-dense0_2-" in name for name in names)
