@@ -1054,8 +1054,8 @@ def check_moe_layers(config: TrainConfig) -> None:
     step = model.decoder_sparse_step
     if all(layer in layers or layer % step for layer in range(n_layer)):
         raise UserError(f"--mlp_only_layers {model.mlp_only_layers} with --decoder_sparse_step "
-                        f"{step} leaves no MoE layer in the {n_layer} layers; keep one or drop "
-                        f"--moe.")
+                        f"{step} leaves no MoE layer in the {n_layer} layers; keep at least one "
+                        f"layer out of --mlp_only_layers.")
 
 
 def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int) -> Plan:
