@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from danastar.config import MODEL_MOE_FIELDS
 from danastar.durable import fsync_dir, write_atomic
 from danastar.errors import UserError
 from danastar.optim import get_schedule
@@ -67,6 +68,9 @@ def run_identity(config, plan, layout, tokens) -> dict[str, Any]:
         "vocab_size": shape["vocab_size"], "padded_vocab_size": shape["padded_vocab_size"],
         **dataset_identity(config.data.dataset, tokens),
     }
+    if plan.model.moe:  # a dense run's identity stays what it was before MoE existed
+        identity.update({name: getattr(plan.model, name) for name in MODEL_MOE_FIELDS})
+        identity["moe_budget"] = plan.moe_budget
     return json.loads(json.dumps(identity))  # as it reads back from run.json (tuples → lists)
 
 
