@@ -179,3 +179,15 @@ def test_seed_mean_standard_error_and_t_statistic():
     se = math.sqrt(0.04 / 3 + 0.01 / 3)
     assert diff.difference == pytest.approx(0.2) and diff.t == pytest.approx(0.2 / se)
     assert math.isnan(seeds.mean_se([1.0]).se)
+
+
+def test_compute_of_a_mixture_of_experts_counts_its_active_parameters():
+    from danastar.analysis.compute import compute_non_embedding
+    from danastar.scaling import make_plan
+
+    dense = make_plan("enoki", "adamw", 2, batch_size=32, seq_len=128).to_dict()
+    assert compute_non_embedding(dense) == 12 * 128 ** 2 * 1
+    moe = {**dense, "non_embedding_params": 1_115_136, "active_non_embedding_params": 327_680}
+    assert compute_non_embedding(moe) == 327_680
+    qwen = {**moe, "arch": "qwen3", "exact_active_non_embedding_params": 329_216}
+    assert compute_non_embedding(qwen) == 329_216

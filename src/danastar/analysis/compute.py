@@ -29,7 +29,13 @@ def chinchilla_flops(non_embedding: float, total: float) -> float:
 
 
 def compute_non_embedding(plan: Mapping[str, Any]) -> int:
-    """The N_ne that compute uses for a run's plan (see the module docstring)."""
+    """The N_ne that compute uses for a run's plan (see the module docstring); for a mixture
+    of experts, the parameters a token is multiplied by (the active ones), not all experts."""
+    if plan.get("active_non_embedding_params") is not None:
+        if plan.get("arch") == "enoki":
+            return int(plan["active_non_embedding_params"])
+        return int(plan.get("exact_active_non_embedding_params")
+                   or plan["active_non_embedding_params"])
     if plan.get("arch") == "enoki":
         return int(plan["non_embedding_params"])
     return int(plan.get("exact_non_embedding_params") or plan["non_embedding_params"])
