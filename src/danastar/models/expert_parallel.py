@@ -45,6 +45,7 @@ class ExpertParallel:
         self.world = dist.get_world_size(group)
         self.capacity_factor = capacity_factor
 
+    @torch.compiler.disable  # data-dependent splits and eager collectives: run outside graphs
     def __call__(self, x_sorted: torch.Tensor, counts: torch.Tensor, experts: nn.Module,
                  token_order: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
         world, rows = self.world, x_sorted.shape[0]

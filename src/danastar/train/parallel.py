@@ -6,7 +6,10 @@ order tensor parallelism → activation checkpointing → torch.compile → FSDP
 
 Mesh dimensions (outermost first): `dp_replicate` (HSDP only), `dp_shard` (or `dp`), `tp`.
 Ranks that differ only in their `tp` coordinate see the same data, so the data loader is given
-`data_rank`/`data_world` rather than the global rank and world.
+`data_rank`/`data_world` rather than the global rank and world. With expert parallelism
+(`--ep_size N`) the data-parallel dimension is built as (`dp_mod_ep`, `ep`) and flattened into
+`dp`: the `ep` ranks (which see different data) split each MoE layer's routed experts between
+them, and replicas of the same experts differ in their `dp_mod_ep` coordinate.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Distributed:
     data_rank: int
     data_world: int
     mesh: Optional["torch.distributed.device_mesh.DeviceMesh"] = None
+    ep_size: int = 1  # expert-parallel ranks (1: every rank holds every expert)
 
     @property
     def is_main(self) -> bool:
@@ -45,7 +49,9 @@ class Distributed:
 
     @property
     def sharded(self) -> bool:
-        return self.backend in SHARDED_BACKENDS
+        """Whether some parameters are sharded over ranks (FSDP2, or the experts under expert
+        parallelism): checkpoints are then written by every rank with DCP."""
+        return self.backend in SHARDED_BACKENDS or self.ep_size > 1
 
 
 def choose_device(requested: str) -> torch.device:
@@ -96,13 +102,19 @@ def setup_distributed(config) -> Distributed:
     from torch.distributed.device_mesh import init_device_mesh
 
     data_world = world_size // tp
+    ep = config.parallel.ep_size
     shape, names = [data_world], ["dp"]
     if backend == "hsdp":
         shape, names = [replicas, data_world // replicas], ["dp_replicate", "dp_shard"]
+    elif ep > 1:  # config.py has checked: ep divides the data-parallel world, no TP, no HSDP
+        shape, names = [data_world // ep, ep], ["dp_mod_ep", "ep"]
     if tp > 1:
         shape, names = shape + [tp], names + ["tp"]
     mesh = init_device_mesh(device.type, tuple(shape), mesh_dim_names=tuple(names))
-    return Distributed(backend, rank, local_rank, world_size, device, rank // tp, data_world, mesh)
+    if ep > 1:
+        mesh["dp_mod_ep", "ep"]._flatten("dp")  # the data-parallel mesh of every other weight
+    return Distributed(backend, rank, local_rank, world_size, device, rank // tp, data_world, mesh,
+                       ep)
 
 
 def data_parallel_mesh(env: Distributed):
@@ -113,7 +125,9 @@ def data_parallel_mesh(env: Distributed):
 
 
 def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
-    """TP → activation checkpointing → compile → FSDP2/DDP, as the configuration asks."""
+    """TP → EP → activation checkpointing → compile → FSDP2/DDP, as the configuration asks."""
+    if env.ep_size > 1:
+        apply_expert_parallel(model, env)
     if config.parallel.tp_size > 1:
         from danastar.models.parallelize import apply_tensor_parallel
 
@@ -130,14 +144,73 @@ def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
             block.compile()
         # The loss's elementwise work too (a vocabulary-sharded head under TP stays eager).
         model.compile_loss = config.parallel.tp_size == 1
-    if env.sharded:
+    if env.backend in SHARDED_BACKENDS:
         return apply_fsdp(model, config, env)
     if env.backend == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
+        # DDP would all-reduce the experts' shards over every rank as if they were replicas:
+        # they are left out of it and reduced by `ExpertGradients` over their true replicas.
+        experts = [name for name, param in model.named_parameters() if is_expert_shard(param)]
+        if experts:
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, experts)
         device_ids = [env.device.index] if env.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
     return model
+
+
+# ----------------------------------------------------------------------------------------------
+# Expert parallelism
+
+def is_expert_shard(param: torch.Tensor) -> bool:
+    """A parameter sharded over the `ep` mesh (DDP runs have no other DTensor parameter)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(param, DTensor) and "ep" in (param.device_mesh.mesh_dim_names or ())
+
+
+def apply_expert_parallel(model: nn.Module, env: Distributed) -> None:
+    """Split every MoE layer's routed experts over the `ep` mesh and route through them.
+
+    The experts' stacked (R, out, in) parameters become DTensors `Shard(0)` on `ep` rather than
+    plain local (R/ep, out, in) slices: the gradient-norm clip, the optimizers (which work on
+    local shards), τ statistics and DCP checkpoints already handle DTensors, and a checkpoint then
+    holds every expert whole whatever the ep size (saved with DCP by every rank, as under FSDP2,
+    since one rank alone cannot write the experts it does not hold).
+    """
+    from danastar.models.expert_parallel import apply_expert_parallel as shard_experts
+
+    capacity = getattr(model.config, "moe_expert_capacity_factor", 0.0)
+    names = shard_experts(model, env.mesh["ep"], capacity)
+    if not names:
+        raise UserError(f"--ep_size {env.ep_size} found no MoE layer to split; add --moe.")
+    params = [param for name, param in model.named_parameters() if is_expert_shard(param)]
+    model.expert_gradients = ExpertGradients(params, env.mesh["dp_mod_ep"].get_group(),
+                                             env.data_world)
+
+
+@dataclass
+class ExpertGradients:
+    """The reduction DDP does not do for the expert shards.
+
+    Each rank's expert gradient already sums the contributions of the tokens of every `ep` rank
+    (the all-to-all brings them back in backward); what remains is the sum over the replicas of
+    the same experts (`dp_mod_ep`) and DDP's division by the whole data-parallel world, whose
+    mean loss the gradients must be of.
+    """
+
+    params: list
+    replicas: "dist.ProcessGroup"
+    data_world: int
+
+    def reduce(self) -> None:
+        for param in self.params:
+            if param.grad is None:  # no rows reached these experts on any step of the backward
+                param.grad = torch.zeros_like(param)
+            grad = param.grad.to_local()
+            if dist.get_world_size(self.replicas) > 1:
+                dist.all_reduce(grad, group=self.replicas)
+            grad.div_(self.data_world)
 
 
 def apply_fsdp(model: nn.Module, config, env: Distributed) -> nn.Module:
@@ -188,6 +261,9 @@ def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
             yield
     else:
         yield
+        experts = getattr(unwrap(model), "expert_gradients", None)
+        if sync and experts is not None:  # after the last micro-step's backward, as DDP's own
+            experts.reduce()
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
