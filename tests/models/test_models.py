@@ -264,8 +264,8 @@ def test_config_round_trip_and_registry_errors():
     )
     assert ModelConfig.from_dict(config.to_dict()) == config
     assert (config.n_layer, config.n_embd, config.head_dim, config.mlp_hidden) == (4, 256, 128, 768)
-    with pytest.raises(ValueError, match="enoki, qwen3"):
-        build_model("llama", **{k: v for k, v in config.to_dict().items() if k != "arch"})
+    with pytest.raises(ValueError, match="enoki, qwen3, llama, qwen3next"):
+        build_model("gpt5", **{k: v for k, v in config.to_dict().items() if k != "arch"})
     with pytest.raises(ValueError, match="ScaledGPT"):
         ModelConfig.from_heads("enoki", 2, 100, 16, init="xavier")
     with pytest.raises(ValueError, match="unknown ModelConfig fields"):

@@ -1,8 +1,9 @@
-"""danastar.models: the Enoki and Qwen3 language models.
+"""danastar.models: the Enoki, Qwen3, Llama and Qwen3-Next language models, dense or with
+mixture-of-experts MLPs.
 
     from danastar.models import ModelConfig, build_model
     model = build_model(ModelConfig.from_heads("enoki", 6, vocab_size=50257, max_seq_len=1024))
-    loss, ce, z = model(idx, targets)
+    loss, ce, z, moe = model(idx, targets)
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from typing import Any
 
 from torch import nn
 
-from danastar.models.config import ARCHITECTURES, ModelConfig
+from danastar.models.config import ARCHITECTURES, ModelConfig, param_counts
 from danastar.models.enoki import Enoki
+from danastar.models.llama import Llama
 from danastar.models.loss import LossOutput, chunked_cross_entropy
 from danastar.models.qwen3 import Qwen3
+from danastar.models.qwen3next import Qwen3Next
 from danastar.models.transformer import Transformer
 
-MODELS: dict[str, type[Transformer]] = {"enoki": Enoki, "qwen3": Qwen3}
+MODELS: dict[str, type[Transformer]] = {"enoki": Enoki, "qwen3": Qwen3, "llama": Llama,
+                                        "qwen3next": Qwen3Next}
 assert tuple(MODELS) == ARCHITECTURES, "each architecture has its ladder and its class"
 
 
@@ -34,5 +38,5 @@ def build_model(arch_or_config: str | ModelConfig, **kwargs: Any) -> nn.Module:
     return MODELS[config.arch](config)
 
 
-__all__ = ["ARCHITECTURES", "MODELS", "Enoki", "LossOutput", "ModelConfig", "Qwen3", "Transformer",
-           "build_model", "chunked_cross_entropy"]
+__all__ = ["ARCHITECTURES", "MODELS", "Enoki", "Llama", "LossOutput", "ModelConfig", "Qwen3",
+           "Qwen3Next", "Transformer", "build_model", "chunked_cross_entropy", "param_counts"]

@@ -1,7 +1,8 @@
 """Enoki: a GPT-3-like model with QK-LayerNorm and rotary embeddings.
 
 Pre-norm blocks with bias-free LayerNorm; fused QKV projection; per-head LayerNorm on queries and
-keys, then interleaved RoPE; causal SDPA; MLP d → 4d → d with exact GELU. head_dim 64.
+keys, then interleaved RoPE; causal SDPA; MLP d → 4d → d with exact GELU (with ``moe``, a mixture
+of such MLPs, see ``danastar.models.moe``). head_dim 64.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import torch
 from torch import nn
 
 from danastar.models.config import ModelConfig
-from danastar.models.layers import GeluMLP, KVCache, LayerNorm, apply_rope, causal_attention
+from danastar.models.layers import KVCache, LayerNorm, apply_rope, causal_attention
+from danastar.models.moe import make_mlp
 from danastar.models.transformer import Transformer
 
 
@@ -39,13 +41,13 @@ class EnokiAttention(nn.Module):
 
 
 class EnokiBlock(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
         self.residual_scale = config.residual_scale
         self.attn_norm = LayerNorm(config.n_embd, config.norm_eps)
         self.attn = EnokiAttention(config)
         self.mlp_norm = LayerNorm(config.n_embd, config.norm_eps)
-        self.mlp = GeluMLP(config.n_embd, config.mlp_hidden)
+        self.mlp = make_mlp(config, layer)
 
     def forward(self, x, rope, cache=None, pos=0):
         x = x.add(self.attn(self.attn_norm(x), rope, cache, pos), alpha=self.residual_scale)

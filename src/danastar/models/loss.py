@@ -18,11 +18,16 @@ IGNORE_INDEX = -1
 
 
 class LossOutput(NamedTuple):
-    """The training loss and its two parts (``ce`` and ``z`` are detached, for logging)."""
+    """The training loss and its parts (``ce``, ``z`` and ``moe`` are detached, for logging).
+
+    ``moe`` is empty for dense models; for mixtures of experts it holds the router losses and
+    expert load of the forward (see ``danastar.models.moe.collect``), and in training mode
+    ``loss`` also contains the weighted router losses."""
 
     loss: torch.Tensor
     ce: torch.Tensor
     z: torch.Tensor
+    moe: dict[str, torch.Tensor] = {}  # never mutated: a fresh dict is built for each forward
 
 
 def chunk_terms(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, z_loss: float,
@@ -118,4 +123,4 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
         loss, ce, z = _ChunkedLinearCrossEntropy.apply(
             hidden.flatten(0, 1), weight, targets.flatten(), z_loss,
             chunk * hidden.shape[0], compute_dtype, compiled)
-    return LossOutput(loss, ce, z)
+    return LossOutput(loss, ce, z, {})

@@ -3,7 +3,8 @@
 Pre-norm blocks with float32 RMSNorm; separate q/k/v/o projections (Hugging Face's per-layer
 names, so exporting is a renaming); per-head RMSNorm on queries and keys, then interleaved RoPE;
 q_proj also emits, per head, a gate whose sigmoid multiplies that head's attention output before
-o_proj; SwiGLU MLP with hidden 3d. head_dim 128.
+o_proj; SwiGLU MLP with hidden 3d (with ``moe``, a mixture of such MLPs, see
+``danastar.models.moe``). head_dim 128.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import torch
 from torch import nn
 
 from danastar.models.config import ModelConfig
-from danastar.models.layers import KVCache, RMSNorm, SwiGLU, apply_rope, causal_attention
+from danastar.models.layers import KVCache, RMSNorm, apply_rope, causal_attention
+from danastar.models.moe import make_mlp
 from danastar.models.transformer import Transformer
 
 
@@ -44,13 +46,13 @@ class Qwen3Attention(nn.Module):
 
 
 class Qwen3Block(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
         self.residual_scale = config.residual_scale
         self.input_layernorm = RMSNorm(config.n_embd, config.norm_eps)
         self.self_attn = Qwen3Attention(config)
         self.post_attention_layernorm = RMSNorm(config.n_embd, config.norm_eps)
-        self.mlp = SwiGLU(config.n_embd, config.mlp_hidden)
+        self.mlp = make_mlp(config, layer)
 
     def forward(self, x, rope, cache=None, pos=0):
         x = x.add(self.self_attn(self.input_layernorm(x), rope, cache, pos),

@@ -1,5 +1,6 @@
-"""The decoder-only transformer both architectures share: token embedding → pre-norm blocks →
-final norm → output head, plus initialisation, the loss, parameter groups, FLOPs and generation.
+"""The decoder-only transformer every architecture shares: token embedding → pre-norm blocks →
+final norm → output head, plus initialisation, the loss (with the router losses of mixture-of-
+experts layers), parameter groups, parameter counts, FLOPs and generation.
 
 An architecture subclasses :class:`Transformer` and supplies ``make_block`` and ``make_norm``.
 """
@@ -12,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from danastar.models.config import ModelConfig, embedding_params, non_embedding_params
+from danastar.models import moe
+from danastar.models.config import ModelConfig, embedding_params, param_counts
 from danastar.models.layers import KVCache, RMSNorm, rope_frequencies
-from danastar.models.loss import chunked_cross_entropy
+from danastar.models.loss import LossOutput, chunked_cross_entropy
 
 
 class Transformer(nn.Module):
@@ -26,7 +28,7 @@ class Transformer(nn.Module):
         self.config = config
         vocab = config.padded_vocab_size
         self.embed = nn.Embedding(vocab, config.n_embd)
-        self.blocks = nn.ModuleList(self.make_block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(self.make_block(config, i) for i in range(config.n_layer))
         self.norm = self.make_norm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, vocab, bias=False)
         if config.tie_embeddings:
@@ -43,7 +45,7 @@ class Transformer(nn.Module):
     tp_per_head_norms: tuple[str, ...] = ()  # norms applied per head (weight shared by heads)
 
     @staticmethod
-    def make_block(config: ModelConfig) -> nn.Module:
+    def make_block(config: ModelConfig, layer: int) -> nn.Module:
         raise NotImplementedError
 
     @staticmethod
@@ -58,7 +60,7 @@ class Transformer(nn.Module):
 
         ScaledGPT: Linear N(0, 1/fan_in), embedding N(0, 1/d), residual outputs
         N(0, 1/(2·fan_in·n_layer)). KarpathyGPT2: N(0, 0.02²), residual outputs
-        N(0, (0.02/√(2·n_layer))²). Norm weights are 1.
+        N(0, (0.02/√(2·n_layer))²). Norm weights are 1. Stacked experts: each slice as a Linear.
         """
         config = self.config
         scaled = config.init == "ScaledGPT"
@@ -70,6 +72,8 @@ class Transformer(nn.Module):
                 if getattr(module, "is_residual_output", False):
                     std /= math.sqrt(depth)
                 nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, moe.Experts):
+                module.init_weights(scaled, depth)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=config.n_embd ** -0.5 if scaled else 0.02)
             elif isinstance(module, (nn.LayerNorm, RMSNorm)):
@@ -97,15 +101,22 @@ class Transformer(nn.Module):
         hidden = self.hidden_states(idx)
         if targets is None:
             return self.lm_head(hidden)
-        return chunked_cross_entropy(hidden, self.lm_head.weight, targets,
-                                     z_loss=self.config.z_loss, chunk=self.config.loss_chunk,
-                                     compiled=self.compile_loss)
+        loss, ce, z, _ = chunked_cross_entropy(hidden, self.lm_head.weight, targets,
+                                               z_loss=self.config.z_loss,
+                                               chunk=self.config.loss_chunk,
+                                               compiled=self.compile_loss)
+        # mixtures of experts: Σ factor·L / n_layer in training, statistics always
+        router_term, stats = moe.collect(self, self.config.n_layer, self.config, self.training)
+        return LossOutput(loss + router_term, ce, z, stats)
 
     # -- bookkeeping --------------------------------------------------------------------------
 
     def param_groups(self, weight_decay: float) -> list[dict]:
-        """Two groups: Linear weights (incl. an untied head) decay; embeddings, norms don't."""
+        """Two groups: Linear weights (incl. an untied head) and stacked experts decay;
+        embeddings, norms don't."""
         decayed = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
+        decayed |= {id(p) for m in self.modules() if isinstance(m, moe.Experts)
+                    for p in m.parameters()}
         decayed.discard(id(self.embed.weight))  # a tied head is the embedding
         groups = [{"params": [], "names": [], "weight_decay": weight_decay},
                   {"params": [], "names": [], "weight_decay": 0.0}]
@@ -115,26 +126,35 @@ class Transformer(nn.Module):
             group["names"].append(name)
         return groups
 
-    def num_params(self, exact: bool = True, non_embedding: bool = False) -> int:
-        """Parameter count: the real one (``exact``) or the LR laws' 12·d²·L (+ 2·d·V)."""
+    def num_params(self, exact: bool = True, non_embedding: bool = False,
+                   active: bool = False) -> int:
+        """Parameter count: the real one (``exact``) or the LR laws' 12·d²·L (+ 2·d·V).
+
+        ``active``: what one token multiplies, counting k of each MoE layer's R routed experts
+        (exact), or 12·d²·L + L_m·(k+S−1)·P_x (the LR laws' convention)."""
         config = self.config
         if exact:
             total = sum(p.numel() for p in self.parameters())
+            if active:
+                for module in self.modules():
+                    if isinstance(module, moe.MoE):
+                        per_expert = sum(p[0].numel() for p in module.experts.parameters())
+                        total -= (module.num_routed - module.top_k) * per_expert
             if non_embedding:
                 total -= sum(p.numel() for p in {self.embed.weight, self.lm_head.weight})
             return total
-        count = non_embedding_params(config.n_embd, config.n_layer)
+        count = param_counts(config)["lr_law_params_active" if active else "lr_law_params"]
         if not non_embedding:
             count += embedding_params(config.n_embd, config.padded_vocab_size,
                                       config.tie_embeddings)
         return count
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6·N for the weights every token multiplies (all parameters
-        but the embedding lookup) plus 12·L·H·hd·T for attention scores and values (the full
-        T×T, as in PaLM's MFU)."""
+        """Training FLOPs per token: 6·N for the weights every token multiplies (all active
+        parameters, router and head included, but not the embedding lookup) plus
+        12·L·H·hd·T for attention scores and values (the full T×T, as in PaLM's MFU)."""
         config = self.config
-        matmul_params = self.num_params()
+        matmul_params = self.num_params(active=True)
         if not config.tie_embeddings:
             matmul_params -= self.embed.weight.numel()
         attention = 12 * config.n_layer * config.n_head * config.head_dim * seq_len

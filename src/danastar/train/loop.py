@@ -262,7 +262,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: T
         inputs, targets = data.train_batch(step, micro_step)
         with parallel.gradient_sync(model, sync=micro_step == acc_steps - 1):
             with autocast:
-                objective, cross_entropy, _ = model(inputs, targets)
+                objective, cross_entropy = model(inputs, targets)[:2]
             (objective / acc_steps).backward()
         objective_sum += objective.detach()
         cross_entropy_sum += cross_entropy.detach()
@@ -481,7 +481,7 @@ def evaluate(model: torch.nn.Module, batches, autocast) -> float:
     totals = None
     for inputs, targets in batches:
         with autocast:
-            _, cross_entropy, _ = model(inputs, targets)
+            cross_entropy = model(inputs, targets).ce
         batch_total = torch.stack([cross_entropy.float() * inputs.shape[0],
                                    torch.tensor(float(inputs.shape[0]), device=inputs.device)])
         totals = batch_total if totals is None else totals + batch_total
