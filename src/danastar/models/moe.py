@@ -222,7 +222,8 @@ class MoE(nn.Module):
         if self.dispatcher is None:
             out, dropped = self.experts(x_sorted, counts), 0
         else:
-            out, dropped = self.dispatcher(x_sorted, counts, self.experts)
+            # the pairs' token-major order: a capacity drops the last pairs in token order
+            out, dropped = self.dispatcher(x_sorted, counts, self.experts, token_order=order)
         weighted = out.float() * weights.flatten()[order, None]
         y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         y = y.index_add(0, token, weighted)
