@@ -38,7 +38,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from danastar.errors import UserError
 from danastar.models import ARCHITECTURES, ModelConfig
-from danastar.models.config import INITS
+from danastar.models.config import INITS, dimensions
 from danastar.optim import registry
 from danastar.optim.schedules import DECAY_TYPES, SCHEDULE_OPTIONS, SCHEDULES
 from danastar.scaling import DEFAULT_OMEGA, Plan, make_plan, optimizers
@@ -49,7 +49,7 @@ DEFAULT_PRESET = "cpu_shakespeare"
 
 @dataclass
 class ModelSection:
-    arch: str = "enoki"  # enoki | qwen3
+    arch: str = "enoki"  # enoki | qwen3 | llama | qwen3next (which implies moe)
     heads: int = 3  # every dimension follows from this through the scaling plan
     n_layer: Optional[int] = None  # explicit dimensions override what --heads implies
     n_embd: Optional[int] = None
@@ -58,6 +58,26 @@ class ModelSection:
     init: str = "ScaledGPT"  # ScaledGPT | KarpathyGPT2
     tie_embeddings: bool = False
     residual_scale: float = 1.0
+    # Mixture of experts (docs/moe.md), with the original release's names and defaults except
+    # the capacity factor: 0 is dropless here (the release's 1.5 remains an option).
+    moe: bool = False
+    moe_routing: str = "standard_gating"  # expert_choice is refused (see docs/moe.md)
+    moe_num_experts: int = 8  # E, shared experts included
+    moe_num_shared_experts: int = 0  # S
+    moe_num_experts_per_tok: int = 2  # k, out of the E - S routed experts
+    moe_softmax_order: str = "topk_softmax"  # topk_softmax | softmax_topk
+    moe_router_loss: str = "load_balancing_z_loss"  # | load_balancing_only | entropy
+    moe_aux_loss_factor: float = 0.1
+    moe_z_loss_factor: float = 0.01
+    moe_entropy_loss_factor: float = 0.01
+    moe_expert_capacity_factor: float = 0.0  # expert parallelism only; 0 = dropless
+    use_gated_shared_expert: bool = False  # qwen3next
+    shared_expert_intermediate_size: Optional[int] = None  # qwen3next; None: the MLP hidden size
+    decoder_sparse_step: int = 1  # qwen3next: MoE in layers i with i % step == 0
+    mlp_only_layers: str = ""  # qwen3next: dense layers, e.g. "0,5,11"
+    mlp_dim_exp_factor: float = 1.0  # accepted for the release's command lines; never read
+    plot_router_logits: bool = False  # accepted; the per-layer expert load is always logged
+    moe_budget: str = "active"  # the Chinchilla budget from active | total parameters
 
 
 @dataclass
@@ -220,6 +240,42 @@ FLAGS: dict[str, tuple[str, type, str]] = {
         "a prepared data directory, `shakespeare` (prepared on first use) or `synthetic`",
     ),
     "run_dir": ("logging.run_dir", str, "where the run directory goes"),
+    # Mixture of experts (docs/moe.md); --moe and the other switches are in SWITCHES.
+    "moe_routing": ("model.moe_routing", str, "standard_gating (expert_choice is not built)"),
+    "moe_num_experts": ("model.moe_num_experts", int,
+                        "experts E per MoE layer, shared included (8)"),
+    "moe_num_shared_experts": ("model.moe_num_shared_experts", int,
+                               "shared experts S, every token, weight 1 (0)"),
+    "moe_num_experts_per_tok": ("model.moe_num_experts_per_tok", int,
+                                "routed experts k per token (2)"),
+    "moe_softmax_order": ("model.moe_softmax_order", str, "topk_softmax | softmax_topk"),
+    "moe_router_loss": ("model.moe_router_loss", str,
+                        "load_balancing_z_loss | load_balancing_only | entropy"),
+    "moe_aux_loss_factor": ("model.moe_aux_loss_factor", float, "load-balancing factor (0.1)"),
+    "moe_z_loss_factor": ("model.moe_z_loss_factor", float, "router z-loss factor (0.01)"),
+    "moe_entropy_loss_factor": ("model.moe_entropy_loss_factor", float,
+                                "router entropy-loss factor (0.01)"),
+    "moe_expert_capacity_factor": ("model.moe_expert_capacity_factor", float,
+                                   "expert parallelism: tokens per expert buffer; 0 = dropless "
+                                   "(the default; the release's is 1.5)"),
+    "shared_expert_intermediate_size": ("model.shared_expert_intermediate_size", int,
+                                        "qwen3next: hidden size of the gated shared expert"),
+    "decoder_sparse_step": ("model.decoder_sparse_step", int,
+                            "qwen3next: MoE in every layer i with i % step == 0 (1)"),
+    "mlp_only_layers": ("model.mlp_only_layers", str,
+                        "qwen3next: comma-separated dense layers, e.g. 0,5,11"),
+    "mlp_dim_exp_factor": ("model.mlp_dim_exp_factor", float,
+                           "accepted as in the release, which never reads it"),
+    "moe_budget": ("model.moe_budget", str,
+                   "MoE token budget: active (20 x (active + embedding) params) | total"),
+}
+# Switches (store_true), each mapped to its dotted key.
+SWITCHES: dict[str, tuple[str, str]] = {
+    "moe": ("model.moe", "mixture of experts in the blocks (docs/moe.md)"),
+    "use_gated_shared_expert": ("model.use_gated_shared_expert",
+                                "qwen3next: a sigmoid-gated shared expert (S is then 0)"),
+    "plot_router_logits": ("model.plot_router_logits",
+                           "accepted as in the release; the expert load is always logged"),
 }
 
 
@@ -266,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for flag, (_, kind, help_text) in FLAGS.items():
         parser.add_argument(f"--{flag}", type=flag_type(kind), help=help_text)
+    for flag, (_, help_text) in SWITCHES.items():
+        parser.add_argument(f"--{flag}", action="store_true", help=help_text)
     parser.add_argument(
         "--no_wandb", dest="wandb", action="store_false", help="disable Weights & Biases"
     )
@@ -413,6 +471,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 def flags_to_dict(args: argparse.Namespace) -> dict[str, Any]:
     dotted = {FLAGS[flag][0]: value for flag, value in vars(args).items() if flag in FLAGS}
+    dotted.update({SWITCHES[flag][0]: value for flag, value in vars(args).items()
+                   if flag in SWITCHES})
     if hasattr(args, "wandb"):
         dotted["logging.wandb"] = args.wandb
     if hasattr(args, "auto_resume"):
@@ -530,8 +590,24 @@ def merge(layers: list[dict[str, Any]]) -> TrainConfig:
                 f"{key} has the wrong type ({reason}); give a value of the declared type."
             ) from None
     config = OmegaConf.to_object(merged)
+    resolve_architecture(config)
     validate(config)
     return config
+
+
+def resolve_architecture(config: TrainConfig) -> None:
+    """What an architecture fixes, set in the config so that config.yaml and the dry run show it:
+    `qwen3next` is a MoE model (the release builds it dense without --moe; here it implies it),
+    and `llama` always ties its embeddings and has no z-loss, as in the release."""
+    model = config.model
+    if model.arch == "qwen3next":
+        model.moe = True
+    if model.arch == "llama":
+        if model.z_loss not in (0.0, ModelSection.z_loss):
+            raise UserError(f"--arch llama has no z-loss, as in the release (model.z_loss "
+                            f"{model.z_loss:g} given); drop model.z_loss.")
+        model.z_loss = 0.0
+        model.tie_embeddings = True
 
 
 def check_keys(layer: dict[str, Any], schema: type, prefix: str = "") -> None:
@@ -574,6 +650,7 @@ def all_keys(schema: type = TrainConfig, prefix: str = "") -> list[str]:
 
 BACKENDS = ("auto", "single", "ddp", "fsdp", "zero2", "hsdp")
 FLAG_OF_KEY = {key: f"--{flag}" for flag, (key, _, _) in FLAGS.items()}
+FLAG_OF_KEY.update({key: f"--{flag}" for flag, (key, _) in SWITCHES.items()})
 MAX_SEED = 2**63 - 1  # what torch.manual_seed and numpy take
 
 # What each number must be: (key, test, requirement, what to do instead). An unset (None) value
@@ -589,6 +666,15 @@ NUMBER_RULES: list[tuple[str, Any, str, str]] = [
     ("model.n_head", *AT_LEAST_1, "leave it unset for the size --heads implies"),
     ("model.z_loss", *NON_NEGATIVE, "0 turns the z-loss off"),
     ("model.residual_scale", *POSITIVE, "1.0 is the default"),
+    ("model.moe_num_experts", *AT_LEAST_1, "8 is the default"),
+    ("model.moe_num_shared_experts", *NON_NEGATIVE, "0 means no shared expert"),
+    ("model.moe_aux_loss_factor", *NON_NEGATIVE, "0 turns the load-balancing loss off"),
+    ("model.moe_z_loss_factor", *NON_NEGATIVE, "0 turns the router z-loss off"),
+    ("model.moe_entropy_loss_factor", *NON_NEGATIVE, "0 turns the entropy loss off"),
+    ("model.moe_expert_capacity_factor", *NON_NEGATIVE, "0 is dropless"),
+    ("model.shared_expert_intermediate_size", *AT_LEAST_1,
+     "leave it unset for the MLP's hidden size"),
+    ("model.mlp_dim_exp_factor", *POSITIVE, "it has no effect, as in the release"),
     ("optim.lr", *POSITIVE, "e.g. --lr 3e-4, or leave it unset for the fitted learning-rate law"),
     ("optim.weight_decay", *NON_NEGATIVE, "leave it unset to derive it from --omega"),
     ("optim.omega", *NON_NEGATIVE, "it is the weight-decay strength, and 0 turns weight decay "
@@ -688,21 +774,115 @@ def validate(config: TrainConfig) -> None:
         )
     if config.parallel.hsdp_replicas > 1 and config.parallel.backend != "hsdp":
         raise UserError("parallel.hsdp_replicas needs --distributed_backend hsdp.")
+    check_moe(config)
     check_expert_parallel(config)
 
 
+# The `model` keys of mixture of experts; given away from their defaults they need --moe, and the
+# last four apply to --arch qwen3next alone (as in the release).
+MOE_KEYS = ("moe_routing", "moe_num_experts", "moe_num_shared_experts", "moe_num_experts_per_tok",
+            "moe_softmax_order", "moe_router_loss", "moe_aux_loss_factor", "moe_z_loss_factor",
+            "moe_entropy_loss_factor", "moe_expert_capacity_factor", "mlp_dim_exp_factor",
+            "plot_router_logits", "moe_budget", "use_gated_shared_expert",
+            "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers")
+QWEN3NEXT_KEYS = ("use_gated_shared_expert", "shared_expert_intermediate_size",
+                  "decoder_sparse_step", "mlp_only_layers")
+# The ModelConfig fields the model section passes on (the release's flags that the model does
+# not read, the routing refused below and the budget, which is the plan's, stay here).
+MODEL_MOE_FIELDS = ("moe", "moe_num_experts", "moe_num_shared_experts", "moe_num_experts_per_tok",
+                    "moe_softmax_order", "moe_router_loss", "moe_aux_loss_factor",
+                    "moe_z_loss_factor", "moe_entropy_loss_factor", "moe_expert_capacity_factor",
+                    "use_gated_shared_expert", "shared_expert_intermediate_size",
+                    "decoder_sparse_step", "mlp_only_layers")
+
+
+def check_moe(config: TrainConfig) -> None:
+    """The mixture-of-experts settings, each refusal one sentence, before any model exists (what
+    needs the number of layers is checked by `check_plan`)."""
+    model, defaults = config.model, ModelSection()
+    if not model.moe:
+        given = [key for key in MOE_KEYS if getattr(model, key) != getattr(defaults, key)]
+        if given:
+            raise UserError(f"{named('model.' + given[0])} configures a mixture of experts; add "
+                            f"--moe (or drop it).")
+        return
+    if model.arch != "qwen3next":
+        given = [key for key in QWEN3NEXT_KEYS if getattr(model, key) != getattr(defaults, key)]
+        if given:
+            raise UserError(f"{named('model.' + given[0])} applies to --arch qwen3next only, as "
+                            f"in the release; drop it or use --arch qwen3next.")
+    if model.moe_routing == "expert_choice":
+        raise UserError("--moe_routing expert_choice is not built (the release builds it only "
+                        "for a model danastar does not have); use standard_gating.")
+    choose("model.moe_routing (--moe_routing)", model.moe_routing, ("standard_gating",))
+    choose("model.moe_softmax_order (--moe_softmax_order)", model.moe_softmax_order,
+           ("topk_softmax", "softmax_topk"))
+    choose("model.moe_router_loss (--moe_router_loss)", model.moe_router_loss,
+           ("load_balancing_z_loss", "load_balancing_only", "entropy"))
+    choose("model.moe_budget (--moe_budget)", model.moe_budget, ("active", "total"))
+    experts, shared = model.moe_num_experts, model.moe_num_shared_experts
+    if model.use_gated_shared_expert and shared:
+        raise UserError(f"--use_gated_shared_expert replaces the shared experts (the release "
+                        f"sets S to 0), so --moe_num_shared_experts {shared} has no place; "
+                        f"drop one of them.")
+    if model.shared_expert_intermediate_size is not None and not model.use_gated_shared_expert:
+        raise UserError("--shared_expert_intermediate_size sizes the gated shared expert; add "
+                        "--use_gated_shared_expert or drop it.")
+    if shared >= experts:
+        raise UserError(f"--moe_num_shared_experts {shared} leaves no routed expert out of "
+                        f"--moe_num_experts {experts}; use fewer shared experts than experts.")
+    routed, k = experts - shared, model.moe_num_experts_per_tok
+    if not 1 <= k <= routed:
+        raise UserError(f"--moe_num_experts_per_tok {k} must be between 1 and the {routed} "
+                        f"routed experts (--moe_num_experts minus --moe_num_shared_experts).")
+    if model.decoder_sparse_step < 1:
+        raise UserError(f"--decoder_sparse_step {model.decoder_sparse_step} must be at least 1 "
+                        f"(1 puts MoE in every layer).")
+    mlp_only_layers(model)  # readable (its range is checked against the plan's layers)
+    if config.parallel.tp_size > 1:
+        raise UserError("tensor parallelism with MoE is not supported, as in the release; use "
+                        "FSDP or --ep_size.")
+
+
+def mlp_only_layers(model: ModelSection) -> tuple[int, ...]:
+    """`--mlp_only_layers "0,5,11"` as layer indices (empty text: none)."""
+    text = model.mlp_only_layers.strip()
+    if not text:
+        return ()
+    try:
+        return tuple(int(item) for item in text.split(","))
+    except ValueError:
+        raise UserError(f"--mlp_only_layers {text!r} must be layer indices separated by "
+                        f"commas, e.g. 0,5,11.") from None
+
+
+def config_notes(config: TrainConfig) -> list[str]:
+    """What the run should say about settings it accepts but treats specially."""
+    model, notes = config.model, []
+    if model.mlp_dim_exp_factor != 1.0:
+        notes.append(f"--mlp_dim_exp_factor {model.mlp_dim_exp_factor:g} has no effect: each "
+                     f"expert is the full MLP (the release parses the flag and never reads it).")
+    if model.plot_router_logits:
+        notes.append("--plot_router_logits: the per-layer expert load is logged in "
+                     "metrics.jsonl at every log interval (moe_load); no plot is made.")
+    if model.moe and model.moe_num_experts_per_tok == 1 and \
+            model.moe_softmax_order == "topk_softmax":
+        notes.append("--moe_num_experts_per_tok 1 with topk_softmax gives every chosen expert "
+                     "weight 1, so no language-model gradient reaches the router (only the "
+                     "router losses train it); softmax_topk avoids this.")
+    return notes
+
+
 def check_expert_parallel(config: TrainConfig) -> None:
-    """--ep_size splits the routed experts of a MoE model (what needs the world size is checked
-    by `batch_layout`)."""
+    """--ep_size splits the routed experts of a MoE model over DDP ranks (what needs the world
+    size is checked by `batch_layout`)."""
     ep = config.parallel.ep_size
     if ep == 1:
         return
-    if not getattr(config.model, "moe", False):
+    if not config.model.moe:
         raise UserError(f"--ep_size {ep} splits the experts of a MoE model; add --moe or drop "
                         f"--ep_size.")
-    if config.parallel.tp_size > 1:
-        raise UserError("expert parallelism does not compose with tensor parallelism; drop "
-                        "--ep_size or parallel.tp_size.")
+    # tensor parallelism with MoE is refused by `check_moe`, as in the release
     if config.parallel.backend in ("fsdp", "zero2", "hsdp"):
         raise UserError(f"expert parallelism runs with DDP, not --distributed_backend "
                         f"{config.parallel.backend}; drop --distributed_backend (or --ep_size).")
@@ -821,6 +1001,7 @@ def default_run_dir(config: TrainConfig) -> Path:
     parts = [dataset, model.arch, f"h{model.heads}"]
     parts += [f"{key}{getattr(model, key)}" for key in ("n_layer", "n_embd", "n_head")
               if getattr(model, key) is not None]
+    parts += moe_name_parts(model)
     parts.append(optim.name)
     defaults = OptimSection()
     short = {"lr": "lr", "weight_decay": "wd", "omega": "om", "kappa": "k", "delta": "d",
@@ -835,12 +1016,40 @@ def default_run_dir(config: TrainConfig) -> Path:
     return Path("runs") / "-".join(parts)
 
 
+# Short tags of the MoE settings in a run's default name (given away from their defaults).
+MOE_NAME_TAGS = {"moe_num_shared_experts": "s", "moe_softmax_order": "", "moe_router_loss": "",
+                 "moe_aux_loss_factor": "aux", "moe_z_loss_factor": "rz",
+                 "moe_entropy_loss_factor": "ent", "moe_expert_capacity_factor": "cap",
+                 "use_gated_shared_expert": "gse", "shared_expert_intermediate_size": "gse",
+                 "decoder_sparse_step": "step", "mlp_only_layers": "dense", "moe_budget": "budget"}
+
+
+def moe_name_parts(model: ModelSection) -> list[str]:
+    """A MoE run's part of its default name: E and k, then each other setting away from its
+    default (so that runs with other experts do not share a directory)."""
+    if not model.moe:
+        return []
+    defaults = ModelSection()
+    parts = [f"moe{model.moe_num_experts}x{model.moe_num_experts_per_tok}"]
+    for key, tag in MOE_NAME_TAGS.items():
+        value = getattr(model, key)
+        if value == getattr(defaults, key):
+            continue
+        if isinstance(value, bool):
+            value = ""
+        elif isinstance(value, float):
+            value = f"{value:g}"
+        parts.append(f"{tag}{value}".replace(",", "_"))
+    return parts
+
+
 def save_yaml(config: TrainConfig, path: Path) -> None:
     path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
 
 
 def model_config(config: TrainConfig, plan: Plan) -> ModelConfig:
-    """The plan's model (its shape) with the options of the `model` section."""
+    """The plan's model (its shape and mixture of experts) with the options of the `model`
+    section."""
     model = config.model
     return plan.model_config(
         z_loss=model.z_loss,
@@ -848,6 +1057,41 @@ def model_config(config: TrainConfig, plan: Plan) -> ModelConfig:
         tie_embeddings=model.tie_embeddings,
         residual_scale=model.residual_scale,
     )
+
+
+def model_options(config: TrainConfig) -> dict[str, Any]:
+    """The ModelConfig fields of the mixture of experts (none for a dense model, whose
+    ModelConfig keeps its defaults)."""
+    model = config.model
+    if not model.moe:
+        return {}
+    options = {name: getattr(model, name) for name in MODEL_MOE_FIELDS}
+    options["mlp_only_layers"] = mlp_only_layers(model)
+    return options
+
+
+def check_moe_layers(config: TrainConfig) -> None:
+    """`--mlp_only_layers` names layers of the planned model and leaves at least one MoE layer."""
+    model = config.model
+    layers = mlp_only_layers(model) if model.moe else ()
+    if not layers:
+        return
+    n_layer = model.n_layer
+    if n_layer is None:
+        try:
+            n_layer = dimensions(model.arch, model.heads)["n_layer"]
+        except ValueError:
+            return  # the plan says what is wrong with the heads
+    outside = [layer for layer in layers if not 0 <= layer < n_layer]
+    if outside:
+        raise UserError(f"--mlp_only_layers {model.mlp_only_layers} names layer "
+                        f"{outside[0]}, but the model has layers 0 to {n_layer - 1}; give "
+                        f"indices in that range.")
+    step = model.decoder_sparse_step
+    if all(layer in layers or layer % step for layer in range(n_layer)):
+        raise UserError(f"--mlp_only_layers {model.mlp_only_layers} with --decoder_sparse_step "
+                        f"{step} leaves no MoE layer in the {n_layer} layers; keep one or drop "
+                        f"--moe.")
 
 
 def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int) -> Plan:
@@ -862,6 +1106,7 @@ def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int)
         "n_embd": config.model.n_embd,
         "n_head": config.model.n_head,
     }
+    check_moe_layers(config)
     try:
         plan = make_plan(
             config.model.arch,
@@ -876,6 +1121,8 @@ def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int)
             delta=config.optim.delta,
             omega=config.optim.omega,
             clipsnr=config.optim.clipsnr,
+            model_options=model_options(config),
+            moe_budget=config.model.moe_budget,
             **{key: value for key, value in overrides.items() if value is not None},
         )
     except ValueError as error:

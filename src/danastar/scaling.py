@@ -8,8 +8,12 @@ registry's to say (``danastar.optim.registry``).
 * shape: ``dimensions(arch, heads)``, each architecture's ladder (owned by ``danastar.models``);
 * parameter counts: the LR laws' convention ``P = 12·d²·n_layer`` and the exact count of the
   model itself, built on the meta device;
-* peak LR ``γ*(P) = a·(b + P)^d`` looked up by architecture, global batch, optimizer and κ;
+* peak LR ``γ*(P) = a·(b + P)^d`` looked up by architecture (llama reads Enoki's table and
+  qwen3next Qwen3's), global batch, optimizer and κ;
 * Chinchilla iterations ``T = ⌊20·N / tokens_per_step⌋``, warm-up ``⌊T/50⌋``;
+* mixtures of experts (a heuristic: the fitted laws are dense): the LR law at the active count
+  ``P_act = 12·d²·L + L_m·(k+S−1)·P_x`` and ``N`` the active parameters with the embeddings
+  (``moe_budget="active"``, the default) or all of them (``"total"``);
 * weight decay from ω: independent (``wd_ts = ⌊T/10⌋``, ``λ = ω/wd_ts``) or coupled
   (``λ = ω/(γ*·T)``).
 
@@ -29,10 +33,11 @@ import yaml
 from danastar.models import ModelConfig, build_model
 from danastar.models.config import (
     ARCHITECTURES,
+    arch_defaults,
     check_arch,
     dimensions,
-    embedding_params,
-    non_embedding_params,
+    moe_layers,
+    param_counts,
 )
 from danastar.optim import registry
 from danastar.optim.dana_family import DEFAULT_CLIPSNR, DEFAULT_DELTA, DEFAULT_KAPPA
@@ -82,8 +87,10 @@ def counted_non_embedding_params(config: ModelConfig) -> int:
 
 
 def _law_rows(arch: str, global_batch: int, opt: str) -> tuple[str, list[dict[str, float]]]:
-    """The LR-law rows for (arch, global batch, opt), falling back to batch 32, then Enoki."""
+    """The LR-law rows for (arch, global batch, opt), falling back to batch 32, then Enoki. An
+    architecture without laws of its own reads another's (``lr_table_of``)."""
     laws = rules()["lr_laws"]
+    arch = rules().get("lr_table_of", {}).get(arch, arch)
     for table_arch, batch in ((arch, global_batch), (arch, REFERENCE_BATCH),
                               ("enoki", REFERENCE_BATCH)):
         rows = laws.get(table_arch, {}).get(batch, {}).get(opt)
@@ -121,6 +128,13 @@ def _kappa_row(rows: list[dict[str, float]], kappa: float) -> dict[str, float]:
 
 PLAN_OVERRIDES = ("n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden", "tokens", "iterations",
                   "warmup_steps", "lr", "wd_ts", "weight_decay")
+MOE_BUDGETS = ("active", "total")
+
+
+# The plan's mixture-of-experts settings, reported flat in `Plan.to_dict()` when the model is one.
+MOE_SHAPE = ("moe_num_experts", "moe_num_shared_experts", "moe_num_experts_per_tok",
+             "use_gated_shared_expert", "shared_expert_intermediate_size", "decoder_sparse_step",
+             "mlp_only_layers")
 
 
 # The plan's model fields, reported flat in `Plan.to_dict()` (the dry run's JSON).
@@ -141,17 +155,26 @@ class Plan:
     model: ModelConfig  # the shape; max_seq_len is seq_len
     opt: str
     heads: int
-    non_embedding_params: int  # 12·d²·L, the LR laws' convention
+    non_embedding_params: int  # 12·d²·L, the LR laws' convention (a MoE's dense part)
     exact_non_embedding_params: int  # the model's real count without embedding and head
-    total_params: int  # non_embedding_params + 2·d·V (the convention the budget uses)
-    exact_total_params: int  # the model's real count (untied)
+    total_params: int  # total_non_embedding_params + d·V per embedding matrix (the budget's)
+    exact_total_params: int  # the model's real count
+    # A mixture of experts counts its parameters twice: all of them (total) and those one token
+    # multiplies (active: k routed experts of R). In the LR laws' convention the dense part is
+    # 12·d²·L; a dense model has active = total.
+    total_non_embedding_params: int  # + L_m·((E−1)·P_x + d·R)
+    active_non_embedding_params: int  # + L_m·(k+S−1)·P_x: where the LR law is evaluated
+    active_params: int  # active_non_embedding_params + embeddings
+    exact_active_non_embedding_params: int
+    exact_active_params: int
+    moe_budget: str  # chinchilla_tokens from the "active" or the "total" parameters
     batch_size: int  # sequences per micro-step, all ranks together
     acc_steps: int
     seq_len: int
     world_size: int
     batch_size_per_rank: int
     tokens_per_step: int  # batch_size · acc_steps · seq_len
-    chinchilla_tokens: int  # 20 · total_params
+    chinchilla_tokens: int  # 20 · active_params (moe_budget "active") or 20 · total_params
     iterations: int
     tokens: int  # tokens actually trained: iterations · tokens_per_step
     warmup_steps: int
@@ -179,6 +202,10 @@ class Plan:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         del fields["model"]
         shape = {name: getattr(self.model, name) for name in MODEL_SHAPE}
+        shape["moe"] = self.model.moe
+        if self.model.moe:
+            shape.update({name: getattr(self.model, name) for name in MOE_SHAPE})
+            shape["moe_layers"] = list(moe_layers(self.model))
         opt, heads = fields.pop("opt"), fields.pop("heads")
         return json_ready({"arch": shape.pop("arch"), "opt": opt, "heads": heads, **shape,
                            "padded_vocab_size": self.padded_vocab_size, **fields})
@@ -201,8 +228,13 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
               seq_len: int = 2048, vocab_size: int = 50257, world_size: int = 1,
               kappa: float | None = None, delta: float | None = None,
               omega: float = DEFAULT_OMEGA,
-              clipsnr: float | None = None, **overrides: Any) -> Plan:
+              clipsnr: float | None = None, model_options: dict[str, Any] | None = None,
+              moe_budget: str = "active", **overrides: Any) -> Plan:
     """The run plan for ``heads`` heads; ``batch_size · acc_steps`` is the global batch.
+
+    ``model_options`` are further :class:`ModelConfig` fields that change the parameter counts
+    (the mixture-of-experts settings); the architecture's own defaults (``arch_defaults``) apply
+    under them. ``moe_budget`` says which count of a MoE the token budget is 20 times.
 
     ``overrides`` (any of ``PLAN_OVERRIDES``) replace a derived value, and everything derived
     from it follows: e.g. ``iterations`` sets warm-up, ``wd_ts`` and the weight decay.
@@ -238,17 +270,22 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
              **{k: overrides[k] for k in ("n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden")
                 if k in overrides}}
     check_arch(arch)
-    model = ModelConfig(arch=arch, **shape, vocab_size=vocab_size, max_seq_len=seq_len)
-    padded_vocab = model.padded_vocab_size
-    non_embedding = non_embedding_params(shape["n_embd"], shape["n_layer"])
+    if moe_budget not in MOE_BUDGETS:
+        raise ValueError(f"unknown moe_budget {moe_budget!r}; valid: {', '.join(MOE_BUDGETS)}")
+    model = ModelConfig(arch=arch, **shape, vocab_size=vocab_size, max_seq_len=seq_len,
+                        **{**arch_defaults(arch), **(model_options or {})})
+    counts = param_counts(model)
+    non_embedding = counts["lr_law_params"]
     exact_non_embedding = counted_non_embedding_params(model)
-    embedding = embedding_params(shape["n_embd"], padded_vocab)
-    total = non_embedding + embedding
+    embedding = counts["embedding"]
+    total = counts["lr_law_params_total"] + embedding
+    active = counts["lr_law_params_active"] + embedding
+    exact_active = counts["active_non_embedding"] + exact_non_embedding - counts["non_embedding"]
 
     budget = rules()["budget"]
     global_batch = batch_size * acc_steps
     tokens_per_step = global_batch * seq_len
-    chinchilla_tokens = budget["tokens_per_param"] * total
+    chinchilla_tokens = budget["tokens_per_param"] * (active if moe_budget == "active" else total)
     iterations = overrides.get("iterations",
                                overrides.get("tokens", chinchilla_tokens) // tokens_per_step)
     if iterations < 1:
@@ -258,7 +295,8 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
     if "lr" in overrides:
         lr, lr_rule = float(overrides["lr"]), "override"
     else:
-        law = lr_law(arch, opt, non_embedding, global_batch=global_batch, kappa=kappa)
+        law = lr_law(arch, opt, counts["lr_law_params_active"], global_batch=global_batch,
+                     kappa=kappa)
         if law is None:
             raise ValueError(f"optimizer {opt!r} has no learning-rate law; pass lr explicitly "
                              "(--lr "
@@ -287,7 +325,12 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
     return Plan(
         model=model, opt=opt, heads=heads, non_embedding_params=non_embedding,
         exact_non_embedding_params=exact_non_embedding, total_params=total,
-        exact_total_params=exact_non_embedding + embedding, batch_size=batch_size,
+        exact_total_params=exact_non_embedding + embedding,
+        total_non_embedding_params=counts["lr_law_params_total"],
+        active_non_embedding_params=counts["lr_law_params_active"], active_params=active,
+        exact_active_non_embedding_params=exact_active,
+        exact_active_params=exact_active + embedding, moe_budget=moe_budget,
+        batch_size=batch_size,
         acc_steps=acc_steps, seq_len=seq_len, world_size=world_size,
         batch_size_per_rank=batch_size // world_size, tokens_per_step=tokens_per_step,
         chinchilla_tokens=chinchilla_tokens, iterations=iterations,

@@ -2,7 +2,7 @@
 when it starts, and a resume that would change any of it is refused before anything is loaded.
 
 The identity is everything the weights depend on: the model (architecture and every
-dimension, its options), the optimizer and every hyperparameter it receives, the peak LR, the
+dimension, its options, a mixture of experts' settings), the optimizer and every hyperparameter it receives, the peak LR, the
 schedule and its warm-up, the gradient clip, the seeds, the global batch (batch size, accumulation
 steps, sequence length), the iterations, the tokenizer and vocabulary, and a fingerprint of the
 dataset. What does not change the trajectory (logging, evaluation and checkpoint cadence,
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from danastar.config import MODEL_MOE_FIELDS
 from danastar.durable import fsync_dir, write_atomic
 from danastar.errors import UserError
 from danastar.optim import get_schedule
@@ -67,6 +68,9 @@ def run_identity(config, plan, layout, tokens) -> dict[str, Any]:
         "vocab_size": shape["vocab_size"], "padded_vocab_size": shape["padded_vocab_size"],
         **dataset_identity(config.data.dataset, tokens),
     }
+    if plan.model.moe:  # a dense run's identity stays what it was before MoE existed
+        identity.update({name: getattr(plan.model, name) for name in MODEL_MOE_FIELDS})
+        identity["moe_budget"] = plan.moe_budget
     return json.loads(json.dumps(identity))  # as it reads back from run.json (tuples → lists)
 
 

@@ -225,7 +225,8 @@ class RunLogger:
         if self.bar is None:
             return
         self.bar.n = step
-        shown = {key: metrics[key] for key in ("train_loss", "lr", "grad_norm") if key in metrics}
+        shown = {key: metrics[key] for key in ("train_loss", "lr", "grad_norm", "moe_max_load")
+                 if key in metrics}
         self.bar.set_postfix(
             {
                 k: (f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else v)

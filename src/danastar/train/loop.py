@@ -25,7 +25,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,6 +34,7 @@ from danastar.config import (
     CheckpointSection,
     TrainConfig,
     batch_layout,
+    config_notes,
     default_run_dir,
     make_run_plan,
     model_config,
@@ -93,7 +94,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     log = RunLogger(run_dir, config, rank=env.rank, total_steps=iterations)
     cleanup.callback(log.close)
     checkpointer.log = log.info
-    for note in [*notes, *start.notes]:
+    for note in [*notes, *start.notes, *config_notes(config)]:
         log.info(note)
     resumed = resume(start.found, env, checkpointer, core, optimizer, data)
     step = resumed.step if resumed else 0
@@ -103,8 +104,9 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
         write_run_files(run_dir, config, plan, layout, env)
         run_identity.record_start(run_dir, identity, config, layout, step, env.world_size,
                                   start.accepted)
+    active = (f" ({plan.exact_active_params / 1e6:.2f}M active)" if plan.model.moe else "")
     log.info(f"run directory {run_dir}; {plan.arch} with {plan.exact_total_params / 1e6:.2f}M "
-             f"parameters, {plan.opt} at peak LR {plan.lr:.3g}, {iterations} steps of "
+             f"parameters{active}, {plan.opt} at peak LR {plan.lr:.3g}, {iterations} steps of "
              f"{layout.tokens_per_step} tokens, {env.world_size} process(es), backend "
              f"{env.backend}, device {env.device}")
     if resumed:
@@ -133,10 +135,11 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
 
     def evaluate_and_log(final: bool = False) -> float:
         batches = config.train.final_eval_batches if final else config.train.eval_batches
-        val_loss = evaluate(model, data.validation_batches(batches), autocast)
+        val_loss, router = evaluation(model, data.validation_batches(batches), autocast)
         metrics = {"step": step, "val_loss": val_loss,
                    "val_perplexity": math.exp(min(val_loss, 50.0)),
-                   "tokens": step * layout.tokens_per_step}
+                   "tokens": step * layout.tokens_per_step,
+                   **{f"val_{key}": value for key, value in router.items()}}
         if step == 0:
             metrics["loss/init"] = val_loss
         if final:
@@ -184,7 +187,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
                        "lr": optimizer.param_groups[0]["lr"], "lr_factor": lr_factor,
                        "grad_norm": result.grad_norm, "tokens": step * layout.tokens_per_step,
                        "tokens_per_s": tokens_per_s, "step_time": step_time, "mfu": mfu,
-                       "skipped_steps": skipped_total}
+                       "skipped_steps": skipped_total, **result.moe}
             if hasattr(optimizer, "diagnostics"):
                 metrics.update({f"optim/{k}": v for k, v in optimizer.diagnostics().items()})
             log.log(metrics)
@@ -240,10 +243,12 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
 class StepResult:
     """One optimizer step, averaged over its micro-batches and over the ranks."""
 
-    objective: float  # cross-entropy + z-loss: what the gradient descends (logged as `loss`)
+    objective: float  # cross-entropy + z-loss (+ weighted router losses): what the gradient
+    # descends (logged as `loss`)
     cross_entropy: float  # the cross-entropy alone (logged as `train_loss`, like `val_loss`)
     grad_norm: float  # the global gradient norm before clipping
     stop_requested: bool  # some rank received SIGTERM/SIGUSR1
+    moe: dict = field(default_factory=dict)  # a mixture of experts' routing (`moe_metrics`)
 
     @property
     def finite(self) -> bool:
@@ -258,30 +263,80 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: T
     the global norm, and step the optimizer unless the loss or the norm is not finite."""
     objective_sum = torch.zeros((), device=env.device)
     cross_entropy_sum = torch.zeros((), device=env.device)
+    routing = RoutingSums()
     for micro_step in range(acc_steps):
         inputs, targets = data.train_batch(step, micro_step)
         with parallel.gradient_sync(model, sync=micro_step == acc_steps - 1):
             with autocast:
-                objective, cross_entropy = model(inputs, targets)[:2]
-            (objective / acc_steps).backward()
-        objective_sum += objective.detach()
-        cross_entropy_sum += cross_entropy.detach()
+                out = model(inputs, targets)
+            (out.loss / acc_steps).backward()
+        objective_sum += out.loss.detach()
+        cross_entropy_sum += out.ce.detach()
+        routing.add(out)
 
     grad_norm = clip_grad_norm(model, grad_clip)
-    # One all-reduce carries the losses and whether any rank was asked to stop, and one copy to
-    # the host (the step's only wait for the device) brings them with the gradient norm.
-    stats = torch.stack([objective_sum / acc_steps, cross_entropy_sum / acc_steps,
-                         torch.full((), float(stop_requested(stop_requested_here)),
-                                    device=env.device)]).float()
+    # One all-reduce carries the losses, a mixture of experts' routing statistics and whether any
+    # rank was asked to stop, and one copy to the host (the step's only wait for the device)
+    # brings them with the gradient norm.
+    stats = torch.cat([torch.stack([objective_sum / acc_steps, cross_entropy_sum / acc_steps,
+                                    torch.full((), float(stop_requested(stop_requested_here)),
+                                               device=env.device)]).float(),
+                       routing.flat(env.device) / acc_steps])
     parallel.all_reduce_sum(stats)
     norm = grad_norm.float().reshape(1)
-    objective_mean, cross_entropy_mean, stop_flag, grad_norm = torch.cat(
-        [stats[:2] / env.world_size, stats[2:], norm]).tolist()
-    result = StepResult(objective_mean, cross_entropy_mean, grad_norm, stop_flag > 0)
+    values = torch.cat([stats[:2] / env.world_size, stats[2:3], norm,
+                        stats[3:] / env.world_size]).tolist()
+    objective_mean, cross_entropy_mean, stop_flag, grad_norm = values[:4]
+    result = StepResult(objective_mean, cross_entropy_mean, grad_norm, stop_flag > 0,
+                        routing.metrics(values[4:]))
     if result.finite:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return result
+
+
+# What a mixture of experts reports per forward (`LossOutput.moe`) and the loop averages over the
+# micro-batches and the ranks: the router losses (unweighted), the dropped share of (token, expert)
+# pairs and the per-layer load (fraction of routed assignments per expert). Every micro-batch on
+# every rank has the same number of tokens, so the averaged load is the global batch's.
+ROUTER_LOSSES = ("moe_aux_loss", "moe_z_loss", "moe_entropy_loss")
+ROUTING_AVERAGED = (*ROUTER_LOSSES, "moe_dropped_fraction", "moe_load")
+
+
+class RoutingSums:
+    """The routing statistics of one optimizer step, summed over its micro-batches (nothing
+    for a dense model)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def add(self, out) -> None:
+        moe = getattr(out, "moe", None) or {}
+        for key in ROUTING_AVERAGED:
+            if key in moe:
+                value = moe[key].detach().float()
+                self.sums[key] = value if key not in self.sums else self.sums[key] + value
+
+    def flat(self, device: torch.device) -> torch.Tensor:
+        if not self.sums:
+            return torch.zeros(0, device=device)
+        return torch.cat([value.reshape(-1) for value in self.sums.values()])
+
+    def metrics(self, values: list[float]) -> dict:
+        """The averaged `values` (as `flat` laid them out) as metrics.jsonl entries: the router
+        losses, `moe_dropped_fraction`, `moe_load` (per MoE layer, the fraction of routed
+        assignments per expert) and `moe_max_load` (the largest of them times the R routed
+        experts: 1 when balanced, R/k when every token goes to the same k experts)."""
+        metrics, at = {}, 0
+        for key, value in self.sums.items():
+            size = value.numel()
+            metrics[key] = values[at] if value.dim() == 0 else \
+                torch.tensor(values[at:at + size]).reshape(value.shape).tolist()
+            at += size
+        load = metrics.get("moe_load")
+        if load:
+            metrics["moe_max_load"] = max(max(row) for row in load) * len(load[0])
+        return metrics
 
 
 def stop_requested(flag: bool | Callable[[], bool]) -> bool:
@@ -473,21 +528,31 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
     return total
 
 
-@torch.no_grad()
 def evaluate(model: torch.nn.Module, batches, autocast) -> float:
-    """Mean validation cross-entropy. Every rank runs the same number of forwards (FSDP needs all
-    ranks in each one) on its rows of each fixed batch; the sums are all-reduced."""
+    """Mean validation cross-entropy (see `evaluation`)."""
+    return evaluation(model, batches, autocast)[0]
+
+
+@torch.no_grad()
+def evaluation(model: torch.nn.Module, batches, autocast) -> tuple[float, dict[str, float]]:
+    """Mean validation cross-entropy, and a mixture of experts' mean router losses (computed,
+    never added to the loss, in evaluation). Every rank runs the same number of forwards (FSDP
+    needs all ranks in each one) on its rows of each fixed batch; the sums are all-reduced."""
     model.eval()
-    totals = None
+    totals, keys = None, []
     for inputs, targets in batches:
         with autocast:
-            cross_entropy = model(inputs, targets).ce
-        batch_total = torch.stack([cross_entropy.float() * inputs.shape[0],
-                                   torch.tensor(float(inputs.shape[0]), device=inputs.device)])
+            out = model(inputs, targets)
+        moe = getattr(out, "moe", None) or {}
+        keys = [key for key in ROUTER_LOSSES if key in moe]
+        rows = float(inputs.shape[0])
+        batch_total = torch.stack([out.ce.float() * rows, torch.tensor(rows, device=inputs.device),
+                                   *(moe[key].float() * rows for key in keys)])
         totals = batch_total if totals is None else totals + batch_total
     parallel.all_reduce_sum(totals)
     model.train()
-    return (totals[0] / totals[1]).item()
+    means = (totals / totals[1]).tolist()
+    return means[0], dict(zip(keys, means[2:]))
 
 
 @torch.no_grad()
