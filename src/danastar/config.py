@@ -874,8 +874,8 @@ def config_notes(config: TrainConfig) -> list[str]:
 
 
 def check_expert_parallel(config: TrainConfig) -> None:
-    """--ep_size splits the routed experts of a MoE model over DDP ranks (what needs the world
-    size is checked by `batch_layout`)."""
+    """--ep_size splits the routed experts of a MoE model over data-parallel ranks (what needs
+    the world size is checked by `batch_layout`)."""
     ep = config.parallel.ep_size
     if ep == 1:
         return
@@ -883,9 +883,9 @@ def check_expert_parallel(config: TrainConfig) -> None:
         raise UserError(f"--ep_size {ep} splits the experts of a MoE model; add --moe or drop "
                         f"--ep_size.")
     # tensor parallelism with MoE is refused by `check_moe`, as in the release
-    if config.parallel.backend in ("fsdp", "zero2", "hsdp"):
-        raise UserError(f"expert parallelism runs with DDP, not --distributed_backend "
-                        f"{config.parallel.backend}; drop --distributed_backend (or --ep_size).")
+    if config.parallel.backend == "hsdp":
+        raise UserError("expert parallelism does not compose with HSDP; use --distributed_backend "
+                        "fsdp (or ddp) with --ep_size.")
     routed = config.model.moe_num_experts - config.model.moe_num_shared_experts
     if routed % ep:
         raise UserError(f"--ep_size {ep} does not divide the {routed} routed experts "

@@ -2,14 +2,17 @@
 
 `setup_distributed` reads torchrun's environment, picks the device and process-group backend
 (nccl on GPU, gloo on CPU) and builds the device mesh; `parallelize` wraps a model in the fixed
-order tensor parallelism → activation checkpointing → torch.compile → FSDP2 (or DDP).
+order tensor parallelism or expert parallelism → activation checkpointing → torch.compile → FSDP2
+(or DDP).
 
 Mesh dimensions (outermost first): `dp_replicate` (HSDP only), `dp_shard` (or `dp`), `tp`.
 Ranks that differ only in their `tp` coordinate see the same data, so the data loader is given
 `data_rank`/`data_world` rather than the global rank and world. With expert parallelism
 (`--ep_size N`) the data-parallel dimension is built as (`dp_mod_ep`, `ep`) and flattened into
 `dp`: the `ep` ranks (which see different data) split each MoE layer's routed experts between
-them, and replicas of the same experts differ in their `dp_mod_ep` coordinate.
+them, and replicas of the same experts differ in their `dp_mod_ep` coordinate. The expert
+shards stay out of DDP and FSDP2 (which would treat them as replicas over all of `dp`);
+`ExpertGradients` reduces their gradients over `dp_mod_ep` after the last micro-step.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class Distributed:
     data_world: int
     mesh: Optional["torch.distributed.device_mesh.DeviceMesh"] = None
     ep_size: int = 1  # expert-parallel ranks (1: every rank holds every expert)
+    # With expert parallelism, `dp_mod_ep` × `ep` flattened: the mesh FSDP2 shards the rest over
+    # (kept here: slicing a flattened dimension from the root mesh is deprecated).
+    flat_dp_mesh: Optional["torch.distributed.device_mesh.DeviceMesh"] = None
 
     @property
     def is_main(self) -> bool:
@@ -111,17 +117,16 @@ def setup_distributed(config) -> Distributed:
     if tp > 1:
         shape, names = shape + [tp], names + ["tp"]
     mesh = init_device_mesh(device.type, tuple(shape), mesh_dim_names=tuple(names))
-    if ep > 1:
-        mesh["dp_mod_ep", "ep"]._flatten("dp")  # the data-parallel mesh of every other weight
+    flat_dp = mesh["dp_mod_ep", "ep"]._flatten("dp") if ep > 1 else None
     return Distributed(backend, rank, local_rank, world_size, device, rank // tp, data_world, mesh,
-                       ep)
+                       ep, flat_dp)
 
 
 def data_parallel_mesh(env: Distributed):
     """The mesh FSDP2 shards over: 1-D `dp`, or the 2-D (replicate, shard) mesh of HSDP."""
     if env.backend == "hsdp":
         return env.mesh["dp_replicate", "dp_shard"]
-    return env.mesh["dp"]
+    return env.flat_dp_mesh if env.flat_dp_mesh is not None else env.mesh["dp"]
 
 
 def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
@@ -163,10 +168,10 @@ def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
 # Expert parallelism
 
 def is_expert_shard(param: torch.Tensor) -> bool:
-    """A parameter sharded over the `ep` mesh (DDP runs have no other DTensor parameter)."""
+    """A parameter sharded over the `ep` mesh (FSDP2's are on `dp`, TP's on `tp`)."""
     from torch.distributed.tensor import DTensor
 
-    return isinstance(param, DTensor) and "ep" in (param.device_mesh.mesh_dim_names or ())
+    return isinstance(param, DTensor) and param.device_mesh.mesh_dim_names == ("ep",)
 
 
 def apply_expert_parallel(model: nn.Module, env: Distributed) -> None:
@@ -232,10 +237,14 @@ def apply_fsdp(model: nn.Module, config, env: Distributed) -> nn.Module:
         env.backend != "zero2"
     )  # ZeRO-2-like: keep gathered parameters from forward to backward
     mesh = data_parallel_mesh(env)
+    # Expert shards (expert parallelism) stay out of FSDP2, as out of DDP: `ExpertGradients`
+    # reduces them over their replicas.
+    experts = {param for param in model.parameters() if is_expert_shard(param)} or None
     for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard,
+                    ignored_params=experts)
     fully_shard(
-        model, mesh=mesh, mp_policy=policy, reshard_after_forward=False
+        model, mesh=mesh, mp_policy=policy, reshard_after_forward=False, ignored_params=experts
     )  # backward needs it next
     register_fsdp_forward_method(
         model, "generate"
@@ -261,9 +270,9 @@ def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
             yield
     else:
         yield
-        experts = getattr(unwrap(model), "expert_gradients", None)
-        if sync and experts is not None:  # after the last micro-step's backward, as DDP's own
-            experts.reduce()
+    experts = getattr(unwrap(model), "expert_gradients", None)
+    if sync and experts is not None:  # after the last micro-step's backward, as DDP and FSDP2's
+        experts.reduce()
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
