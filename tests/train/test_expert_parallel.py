@@ -3,6 +3,7 @@ gives the outputs and (reduced) gradients of one process running both ranks' bat
 drops the pairs a hand count says, and `danastar train --ep_size 2` follows the run without it
 and resumes."""
 
+import dataclasses
 import os
 import socket
 
@@ -44,14 +45,15 @@ def join(rank: int, world: int, port: int):
 
     mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp_mod_ep", "ep"))
     return parallel.Distributed("ddp", rank, rank, world, torch.device("cpu"), rank, world, mesh,
-                                ep_size=world)
+                                ep_size=world, flat_dp_mesh=mesh["dp_mod_ep", "ep"]._flatten("dp"))
 
 
 def two_process_worker(rank: int, world: int, port: int) -> None:
     # One pair of processes for every check: starting them costs more than the checks.
     env = join(rank, world, port)
-    for arch in ("enoki", "qwen3"):  # GELU experts; SwiGLU experts (gate_proj too)
-        model_matches_one_process(env, tiny_moe(arch))
+    # GELU experts under DDP; SwiGLU experts (gate_proj too) under FSDP2
+    for arch, backend in (("enoki", "ddp"), ("qwen3", "fsdp")):
+        model_matches_one_process(dataclasses.replace(env, backend=backend), tiny_moe(arch))
     capacity_drops(env)
     dist.destroy_process_group()
 
@@ -62,42 +64,42 @@ def test_expert_parallel_on_two_processes():
 
 
 def model_matches_one_process(env: parallel.Distributed, config: ModelConfig) -> None:
+    """The model wrapped as training wraps it (experts split over `ep`, then DDP or FSDP2) gives
+    each rank the outputs of one process, and after the training step's gradient sync the
+    gradients of one process running both ranks' batches with their losses averaged."""
     rank, world = env.rank, env.world_size
     torch.manual_seed(0)
     reference = build_model(config)  # every expert, in one process
+    settings = merge([{"model": {"moe": True},
+                       "parallel": {"ep_size": world, "backend": env.backend}}])
     torch.manual_seed(0)
-    model = build_model(config)
-    parallel.apply_expert_parallel(model, env)
+    model = parallel.parallelize(build_model(config), settings, env)
+    core = parallel.unwrap(model)
     generator = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, VOCAB, (2, 12), generator=generator) for _ in range(world)]
 
-    # One process: both ranks' batches, their losses averaged (what DDP's mean gradient is of).
     losses = [reference(batch, batch) for batch in batches]
     (sum(out.loss for out in losses) / world).backward()
-    out = model(batches[rank], batches[rank])
-    out.loss.backward()
+    with parallel.gradient_sync(model, sync=True):
+        out = model(batches[rank], batches[rank])
+        out.loss.backward()
     torch.testing.assert_close(out.loss, losses[rank].loss, rtol=1e-6, atol=1e-6)
-    with torch.no_grad():
-        torch.testing.assert_close(model(batches[rank]), reference(batches[rank]))
     assert out.moe["moe_dropped_fraction"] == 0  # dropless
 
-    model.expert_gradients.reduce()  # what the training step does for the experts
     expected = dict(reference.named_parameters())
     sharded = 0
-    for name, param in model.named_parameters():
-        grad = param.grad
+    for name, param in core.named_parameters():
         if parallel.is_expert_shard(param):
             sharded += 1
             assert param.to_local().shape[0] == expected[name].shape[0] // world
-            grad = grad.full_tensor()
-        else:  # what DDP does with every other gradient
-            grad = grad.clone()
-            dist.all_reduce(grad)
-            grad /= world
-        torch.testing.assert_close(grad, expected[name].grad, rtol=1e-5, atol=1e-6, msg=name)
+        grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
+        torch.testing.assert_close(grad, expected[name].grad, rtol=1e-5, atol=1e-6,
+                                   msg=lambda m: f"{env.backend} {name}: {m}")
     # up, down (and SwiGLU's gate) of each layer's routed experts; the shared expert stays whole
-    assert sharded == len(model.expert_gradients.params) == config.n_layer * (
+    assert sharded == len(core.expert_gradients.params) == config.n_layer * (
         3 if config.arch != "enoki" else 2)
+    with torch.no_grad():
+        torch.testing.assert_close(model(batches[rank]), reference(batches[rank]))
 
 
 def capacity_drops(env: parallel.Distributed) -> None:

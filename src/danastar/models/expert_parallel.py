@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 from torch.distributed.tensor import DTensor, Shard
 
 
@@ -74,8 +74,9 @@ class ExpertParallel:
         host = torch.cat([send_splits, receive_splits]).tolist()
         send_splits, receive_splits = host[:world], host[world:]
 
-        arrived = all_to_all_single_autograd(x_sorted_kept, receive_splits, send_splits,
-                                             self.group)
+        # Waited for here (differentiably): a plain tensor, not a pending collective, leaves.
+        arrived = wait_tensor(all_to_all_single_autograd(x_sorted_kept, receive_splits,
+                                                         send_splits, self.group))
         # Arrived rows are ordered by source, then local expert: regroup them by local expert
         # (stable, so each expert's rows keep their source order), run, and restore the order.
         local_expert = torch.arange(per_rank, device=counts.device).repeat(world)
@@ -85,8 +86,8 @@ class ExpertParallel:
         out_by_expert = run_local_experts(experts, arrived[by_expert], local_counts)
         out_arrived = out_by_expert[torch.argsort(by_expert)]
 
-        returned = all_to_all_single_autograd(out_arrived, send_splits, receive_splits,
-                                              self.group)
+        returned = wait_tensor(all_to_all_single_autograd(out_arrived, send_splits,
+                                                          receive_splits, self.group))
         if kept is None:
             return returned, 0
         out = returned.new_zeros((rows, returned.shape[1]))
