@@ -20,12 +20,20 @@ zero rows, so its gradient is an exact zero tensor, never ``None``: the optimize
 coordinate clocks (Dana-Star's τ) keep advancing for it.
 
 The per-expert matmuls use ``torch._grouped_mm`` (one kernel for all experts, the path
-torchtitan takes) where the device and dtype run it forward and backward: CUDA in bfloat16,
-checked once per (device, dtype, shape) by a trial. Elsewhere a loop of one matmul per expert.
-Measured on a 2-core CPU (torch 2.13, forward + backward, 4096 rows, d 128, h 512): the loop
-takes 47 ms for 8 experts and 388 ms for 64 in float32, while CPU ``_grouped_mm`` fails its
-backward ("Invalid strides/sizes") in float32 and bfloat16, and has no float64; hence the loop
-on CPU. (No GPU was available to time the CUDA kernel against the loop.)
+torchtitan takes) where it runs forward and backward, checked once per (device, dtype, shape) by
+a trial: bfloat16 with 16-byte-aligned rows (torch.compile's shape checks admit nothing else),
+on CUDA and, in torch 2.13, on CPU. Elsewhere (float32, float64) a loop of one matmul per
+expert, run eagerly under torch.compile. Measured on a shared 2-core CPU, torch 2.13, forward +
+backward of one projection, 4096 rows, d 128, h 512 (the machine had no GPU to time the CUDA
+kernel):
+
+| experts | float32 loop | float32 grouped | bfloat16 loop | bfloat16 grouped |
+|---|---|---|---|---|
+| 8 | 198 ms | 188 ms | 797 ms | 300 ms |
+| 64 | 1584 ms | 975 ms | 1524 ms | 485 ms |
+
+The grouped kernel wins, most in bfloat16; in float32 it is not used because torch.compile
+refuses it, and the loop keeps float64 (the tests' precision) exact.
 
 Router losses of one layer (the release's definitions; their weighted sum over MoE layers,
 divided by n_layer, is added to the training loss by the model):
@@ -63,23 +71,68 @@ def make_mlp(config: ModelConfig, layer: int) -> nn.Module:
 _GROUPED_MM_WORKS: dict[tuple, bool] = {}
 
 
+class _ContiguousGradient(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient contiguous: ``_grouped_mm``'s
+    backward refuses expanded gradients (those of a ``sum()``, say) on some devices."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def _grouped(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    offsets = counts.cumsum(0).to(torch.int32)
+    return _ContiguousGradient.apply(torch._grouped_mm(x, weight.transpose(-2, -1),
+                                                       offs=offsets))
+
+
+# Run eagerly under torch.compile: the split sizes are data, and tracing them would specialise
+# the graph on each step's expert counts (a recompile per step).
 @torch.compiler.disable
-def grouped_mm_works(device: torch.device, dtype: torch.dtype, rows_in: int, out: int) -> bool:
-    """Whether ``torch._grouped_mm`` runs forward and backward here (tried once per key)."""
-    key = (device.type, device.index, dtype, rows_in, out)
+def _looped(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    # every expert is multiplied, also on zero rows: its gradient is then an exact zero
+    chunks = torch.split(x, counts.tolist())
+    return torch.cat([chunk @ weight[e].T for e, chunk in enumerate(chunks)])
+
+
+def grouped_mm_works(device: torch.device, dtype: torch.dtype, size_in: int,
+                     size_out: int) -> bool:
+    """Whether ``torch._grouped_mm`` runs here, forward and backward, agrees with the loop and
+    gives an expert without rows an exact-zero gradient (tried once per key)."""
+    key = (device.type, device.index, dtype, size_in, size_out)
+    works = _GROUPED_MM_WORKS.get(key)  # a plain look-up, which torch.compile traces
+    return _try_grouped_mm(key, device, dtype, size_in, size_out) if works is None else works
+
+
+@torch.compiler.disable
+def _try_grouped_mm(key: tuple, device: torch.device, dtype: torch.dtype, size_in: int,
+                    size_out: int) -> bool:
     if key not in _GROUPED_MM_WORKS:
-        works = device.type == "cuda" and hasattr(torch, "_grouped_mm")
+        # torch.compile's shape checks admit bfloat16 with 16-byte-aligned rows only, whatever
+        # the eager kernel of the device accepts
+        works = (hasattr(torch, "_grouped_mm") and dtype == torch.bfloat16
+                 and size_in % 8 == 0 and size_out % 8 == 0)
         if works:
             try:
-                with torch.enable_grad():
-                    x = torch.randn(16, rows_in, device=device, dtype=dtype, requires_grad=True)
-                    w = torch.randn(2, out, rows_in, device=device, dtype=dtype,
-                                    requires_grad=True)
-                    offsets = torch.tensor([16, 16], device=device, dtype=torch.int32)
-                    y = torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets)
-                    y.backward(torch.randn_like(y))
-                works = bool(torch.isfinite(w.grad).all())
-            except (RuntimeError, NotImplementedError, TypeError):
+                with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+                    generator = torch.Generator(device).manual_seed(0)
+                    x = torch.randn(24, size_in, device=device, dtype=dtype, generator=generator)
+                    w = torch.randn(3, size_out, size_in, device=device, dtype=dtype,
+                                    generator=generator)
+                    counts = torch.tensor([16, 0, 8], device=device)
+                    grads = []
+                    for function in (_grouped, _looped):
+                        weight = w.clone().requires_grad_()
+                        function(x, weight, counts).sum().backward()
+                        grads.append(weight.grad)
+                tolerance = 1e-2 * grads[1].abs().max().item()
+                works = (bool(torch.all(grads[0][1] == 0))
+                         and (grads[0] - grads[1]).abs().max().item() <= tolerance)
+            except (RuntimeError, NotImplementedError, TypeError, ValueError):
                 works = False
         _GROUPED_MM_WORKS[key] = works
     return _GROUPED_MM_WORKS[key]
@@ -99,12 +152,7 @@ def expert_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor,
         x, weight = x.to(dtype), weight.to(dtype)
     if grouped is None:
         grouped = grouped_mm_works(device, x.dtype, weight.shape[2], weight.shape[1])
-    if grouped:
-        offsets = counts.cumsum(0).to(torch.int32)
-        return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
-    # every expert is multiplied, also on zero rows: its gradient is then an exact zero
-    chunks = torch.split(x, counts.tolist())
-    return torch.cat([chunk @ weight[e].T for e, chunk in enumerate(chunks)])
+    return (_grouped if grouped else _looped)(x, weight, counts)
 
 
 class Experts(nn.Module):
@@ -170,7 +218,8 @@ class MoE(nn.Module):
     ``load`` the fraction of routed (token, expert) pairs per expert (R,) and ``dropped`` the
     pairs a capacity dropped and all pairs; the model collects them. ``dispatcher`` (None:
     local experts) lets expert parallelism run the experts: it is called as
-    ``dispatcher(x_sorted, counts, experts)`` and returns ``(out, dropped_pairs)``.
+    ``dispatcher(x_sorted, counts, experts, token_order=order)`` (``order``: each sorted row's
+    position among the token-major pairs) and returns ``(out, dropped_pairs)``.
     """
 
     def __init__(self, config: ModelConfig):
@@ -199,6 +248,10 @@ class MoE(nn.Module):
         self.load: torch.Tensor | None = None
         self.dropped: tuple[int, int] = (0, 0)
 
+    def __getstate__(self) -> dict:
+        # the last forward's losses belong to its graph: copies and pickles start without them
+        return {**super().__getstate__(), "router_losses": {}}
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """float32 router logits (N, R), weights (N, k) and expert indices (N, k)."""
         with torch.autocast(x.device.type, enabled=False):
@@ -217,7 +270,8 @@ class MoE(nn.Module):
         flat = indices.flatten()  # (N·k) pairs, token-major
         order = flat.argsort(stable=True)
         token = order // self.top_k
-        counts = torch.bincount(flat, minlength=self.num_routed)
+        # tokens per expert, in a shape torch.compile knows (bincount's depends on the data)
+        counts = flat.new_zeros(self.num_routed).index_add_(0, flat, torch.ones_like(flat))
         x_sorted = x[token]
         if self.dispatcher is None:
             out, dropped = self.experts(x_sorted, counts), 0
@@ -250,6 +304,8 @@ def collect(model: nn.Module, n_layer: int, config: ModelConfig,
         return 0.0, {}
     totals = {name: torch.stack([m.router_losses[name] for m in layers]).sum()
               for name in ("aux", "z", "entropy")}
+    for layer in layers:  # the loss holds them now; the layers keep no graph alive
+        layer.router_losses = {}
     term: torch.Tensor | float = 0.0
     if training:
         if config.moe_router_loss == "entropy":

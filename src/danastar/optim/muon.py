@@ -1,7 +1,9 @@
 """Muon for hidden weight matrices, AdamW for everything else, as one optimizer.
 
-Hidden 2-D matrices get ``torch.optim.Muon`` (momentum 0.95 with Nesterov, five Newton-Schulz
-iterations, the update scaled with ``adjust_lr_fn="match_rms_adamw"`` so one LR serves both).
+Hidden matrices get Muon (momentum 0.95 with Nesterov, five Newton-Schulz iterations, the update
+scaled with ``adjust_lr_fn="match_rms_adamw"`` so one LR serves both): ``torch.optim.Muon``'s
+algorithm, extended to stacked matrices (E, out, in) — a mixture of experts' weights — whose E
+slices are orthogonalised one by one, as E separate matrices would be.
 Token embeddings (names ending in ``embed.weight``), the output head (``lm_head.weight``) and all
 1-D parameters go to ``torch.optim.AdamW`` with betas (0.8, 0.999). Both use coupled weight
 decay; every incoming group keeps its own ``weight_decay``.
@@ -10,13 +12,59 @@ decay; every incoming group keeps its own ``weight_decay``.
 from __future__ import annotations
 
 import torch
+from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 ADAMW_ONLY_SUFFIXES = ("embed.weight", "lm_head.weight")
 
 
 def uses_muon(name: str | None, param: torch.Tensor) -> bool:
-    """Whether a parameter is a hidden weight matrix (Muon) rather than AdamW's."""
-    return param.ndim == 2 and not (name is not None and name.endswith(ADAMW_ONLY_SUFFIXES))
+    """Whether a parameter is a hidden weight matrix or a stack of them (Muon) rather than
+    AdamW's."""
+    return param.ndim in (2, 3) and not (name is not None and name.endswith(ADAMW_ONLY_SUFFIXES))
+
+
+class StackedMuon(torch.optim.Muon):
+    """``torch.optim.Muon`` (same hyperparameters, groups and state) that also takes stacked
+    matrices of shape (E, out, in): momentum is elementwise, and the Newton-Schulz
+    orthogonalisation and the shape-dependent LR adjustment apply to each (out, in) slice."""
+
+    def __init__(self, params, **kwargs):
+        groups = list(params)
+        if groups and not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        # torch's constructor refuses anything but 2-D: let it check 2-D stand-ins for stacks
+        stand_ins = [{**g, "params": [p[0].detach() if p.ndim == 3 else p for p in g["params"]]}
+                     for g in groups]
+        super().__init__(stand_ins, **kwargs)
+        for group, original in zip(self.param_groups, groups):
+            group["params"] = list(original["params"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad
+                state = self.state[param]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(grad)
+                buffer = state["momentum_buffer"]
+                buffer.lerp_(grad, 1 - momentum)
+                update = grad.lerp(buffer, momentum) if group["nesterov"] else buffer
+                matrices = [_zeropower_via_newtonschulz(matrix, group["ns_coefficients"],
+                                                        group["ns_steps"], group["eps"])
+                            for matrix in update.reshape(-1, *update.shape[-2:])]
+                update = torch.stack(matrices).view(update.shape)
+                adjusted_lr = _adjust_lr(lr, group["adjust_lr_fn"], param.shape[-2:])
+                param.mul_(1 - lr * weight_decay)
+                param.add_(update, alpha=-adjusted_lr)
+        return loss
 
 
 def split_groups(groups: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -61,7 +109,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         if groups and not isinstance(groups[0], dict):
             groups = [{"params": groups}]
         muon_groups, adamw_groups = split_groups(groups)
-        self.muon = torch.optim.Muon(
+        self.muon = StackedMuon(
             muon_groups, lr=lr, weight_decay=weight_decay, momentum=momentum,
             nesterov=nesterov, ns_steps=ns_steps, adjust_lr_fn="match_rms_adamw",
         ) if muon_groups else None
