@@ -94,7 +94,7 @@ def model_matches_one_process(env: parallel.Distributed, config: ModelConfig) ->
             assert param.to_local().shape[0] == expected[name].shape[0] // world
         grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
         torch.testing.assert_close(grad, expected[name].grad, rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"{env.backend} {name}: {m}")
+                                   msg=f"{env.backend} {name}")
     # up, down (and SwiGLU's gate) of each layer's routed experts; the shared expert stays whole
     assert sharded == len(core.expert_gradients.params) == config.n_layer * (
         3 if config.arch != "enoki" else 2)
