@@ -107,8 +107,8 @@ class ExpertParallel:
             token_order = torch.arange(rows, device=device)
         # Rows sorted by (destination, token order); each one's rank within its destination.
         order = torch.argsort(destination * (rows + 1) + token_order.to(torch.int64))
-        starts = torch.cumsum(counts.view(self.world, per_rank).sum(1), 0) - counts.view(
-            self.world, per_rank).sum(1)
+        per_destination = counts.view(self.world, per_rank).sum(1)
+        starts = per_destination.cumsum(0) - per_destination
         rank_within = torch.arange(rows, device=device) - starts[destination[order]]
         kept = torch.zeros(rows, dtype=torch.bool, device=device)
         kept[order] = rank_within < capacity
