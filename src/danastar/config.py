@@ -972,8 +972,8 @@ def batch_layout(config: TrainConfig, world_size: int) -> BatchLayout:
     if data_parallel % config.parallel.ep_size:
         raise UserError(
             f"--ep_size {config.parallel.ep_size} does not divide the {data_parallel} "
-            f"data-parallel ranks; choose an ep_size that divides {data_parallel} (or change "
-            f"--nproc)."
+            f"data-parallel ranks; run a multiple of {config.parallel.ep_size} processes "
+            f"(--nproc) or choose an ep_size that divides {data_parallel}."
         )
     batch = config.train.batch_size
     if batch % data_parallel:
