@@ -189,19 +189,19 @@ def apply_expert_parallel(model: nn.Module, env: Distributed) -> None:
     names = shard_experts(model, env.mesh["ep"], capacity)
     if not names:
         raise UserError(f"--ep_size {env.ep_size} found no MoE layer to split; add --moe.")
-    params = [param for name, param in model.named_parameters() if is_expert_shard(param)]
+    params = [param for param in model.parameters() if is_expert_shard(param)]
     model.expert_gradients = ExpertGradients(params, env.mesh["dp_mod_ep"].get_group(),
                                              env.data_world)
 
 
 @dataclass
 class ExpertGradients:
-    """The reduction DDP does not do for the expert shards.
+    """The reduction DDP and FSDP2 do not do for the expert shards (they are left out of both).
 
     Each rank's expert gradient already sums the contributions of the tokens of every `ep` rank
     (the all-to-all brings them back in backward); what remains is the sum over the replicas of
-    the same experts (`dp_mod_ep`) and DDP's division by the whole data-parallel world, whose
-    mean loss the gradients must be of.
+    the same experts (`dp_mod_ep`) and the division by the whole data-parallel world that DDP and
+    FSDP2 apply to every other gradient (the gradients are those of the ranks' mean loss).
     """
 
     params: list
