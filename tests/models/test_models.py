@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from danastar import scaling
 from danastar.models import LossOutput, ModelConfig, build_model
+from danastar.models.config import embedding_params, non_embedding_params
 from danastar.models.layers import KVCache, apply_rope, rope_frequencies
 
 from model_fixtures import VOCAB, tiny_config, tiny_model
@@ -18,7 +19,7 @@ def test_parameter_count_matches_formulas(arch, heads):
     non_embedding = scaling.exact_non_embedding_params(
         arch, config.n_layer, config.n_head, config.n_embd, config.head_dim, config.mlp_hidden
     )
-    embedding = scaling.embedding_params(config.n_embd, config.padded_vocab_size)
+    embedding = embedding_params(config.n_embd, config.padded_vocab_size)
     assert model.num_params() == non_embedding + embedding
     assert model.num_params(non_embedding=True) == non_embedding
     matrices = sum(
@@ -29,7 +30,7 @@ def test_parameter_count_matches_formulas(arch, heads):
     per_d2l = {"enoki": 12, "qwen3": 14}[arch]  # Qwen3's gate and SwiGLU: 14·d²·L
     assert matrices == per_d2l * config.n_embd**2 * config.n_layer
     assert model.num_params(exact=False) == (
-        scaling.non_embedding_params(config.n_embd, config.n_layer) + embedding
+        non_embedding_params(config.n_embd, config.n_layer) + embedding
     )
 
 
