@@ -865,11 +865,6 @@ def config_notes(config: TrainConfig) -> list[str]:
     if model.plot_router_logits:
         notes.append("--plot_router_logits: the per-layer expert load is logged in "
                      "metrics.jsonl at every log interval (moe_load); no plot is made.")
-    if model.moe and model.moe_num_experts_per_tok == 1 and \
-            model.moe_softmax_order == "topk_softmax":
-        notes.append("--moe_num_experts_per_tok 1 with topk_softmax gives every chosen expert "
-                     "weight 1, so no language-model gradient reaches the router (only the "
-                     "router losses train it); softmax_topk avoids this.")
     return notes
 
 

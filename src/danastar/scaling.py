@@ -36,7 +36,9 @@ from danastar.models.config import (
     arch_defaults,
     check_arch,
     dimensions,
+    embedding_params,
     moe_layers,
+    non_embedding_params,
     param_counts,
 )
 from danastar.optim import registry
@@ -275,9 +277,9 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
     model = ModelConfig(arch=arch, **shape, vocab_size=vocab_size, max_seq_len=seq_len,
                         **{**arch_defaults(arch), **(model_options or {})})
     counts = param_counts(model)
-    non_embedding = counts["lr_law_params"]
+    non_embedding = non_embedding_params(shape["n_embd"], shape["n_layer"])
     exact_non_embedding = counted_non_embedding_params(model)
-    embedding = counts["embedding"]
+    embedding = embedding_params(shape["n_embd"], model.padded_vocab_size, model.tie_embeddings)
     total = counts["lr_law_params_total"] + embedding
     active = counts["lr_law_params_active"] + embedding
     exact_active = counts["active_non_embedding"] + exact_non_embedding - counts["non_embedding"]

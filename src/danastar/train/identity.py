@@ -2,7 +2,7 @@
 when it starts, and a resume that would change any of it is refused before anything is loaded.
 
 The identity is everything the weights depend on: the model (architecture and every
-dimension, its options, a mixture of experts' settings), the optimizer and every hyperparameter it receives, the peak LR, the
+dimension, its options), the optimizer and every hyperparameter it receives, the peak LR, the
 schedule and its warm-up, the gradient clip, the seeds, the global batch (batch size, accumulation
 steps, sequence length), the iterations, the tokenizer and vocabulary, and a fingerprint of the
 dataset. What does not change the trajectory (logging, evaluation and checkpoint cadence,

@@ -248,7 +248,7 @@ class StepResult:
     cross_entropy: float  # the cross-entropy alone (logged as `train_loss`, like `val_loss`)
     grad_norm: float  # the global gradient norm before clipping
     stop_requested: bool  # some rank received SIGTERM/SIGUSR1
-    moe: dict = field(default_factory=dict)  # a mixture of experts' routing (`moe_metrics`)
+    moe: dict = field(default_factory=dict)  # a mixture of experts' routing (`RoutingSums`)
 
     @property
     def finite(self) -> bool:
@@ -263,7 +263,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: T
     the global norm, and step the optimizer unless the loss or the norm is not finite."""
     objective_sum = torch.zeros((), device=env.device)
     cross_entropy_sum = torch.zeros((), device=env.device)
-    routing = RoutingSums()
+    routing = RoutingSums(env.device)
     for micro_step in range(acc_steps):
         inputs, targets = data.train_batch(step, micro_step)
         with parallel.gradient_sync(model, sync=micro_step == acc_steps - 1):
@@ -281,7 +281,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: T
     stats = torch.cat([torch.stack([objective_sum / acc_steps, cross_entropy_sum / acc_steps,
                                     torch.full((), float(stop_requested(stop_requested_here)),
                                                device=env.device)]).float(),
-                       routing.flat(env.device) / acc_steps])
+                       routing.flat() / acc_steps])
     parallel.all_reduce_sum(stats)
     norm = grad_norm.float().reshape(1)
     values = torch.cat([stats[:2] / env.world_size, stats[2:3], norm,
@@ -307,19 +307,20 @@ class RoutingSums:
     """The routing statistics of one optimizer step, summed over its micro-batches (nothing
     for a dense model)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.sums: dict[str, torch.Tensor] = {}
 
     def add(self, out) -> None:
         moe = getattr(out, "moe", None) or {}
         for key in ROUTING_AVERAGED:
-            if key in moe:
-                value = moe[key].detach().float()
+            if key in moe:  # a count may come from the host: all go where the losses are
+                value = torch.as_tensor(moe[key]).detach().float().to(self.device)
                 self.sums[key] = value if key not in self.sums else self.sums[key] + value
 
-    def flat(self, device: torch.device) -> torch.Tensor:
+    def flat(self) -> torch.Tensor:
         if not self.sums:
-            return torch.zeros(0, device=device)
+            return torch.zeros(0, device=self.device)
         return torch.cat([value.reshape(-1) for value in self.sums.values()])
 
     def metrics(self, values: list[float]) -> dict:
@@ -547,7 +548,7 @@ def evaluation(model: torch.nn.Module, batches, autocast) -> tuple[float, dict[s
         keys = [key for key in ROUTER_LOSSES if key in moe]
         rows = float(inputs.shape[0])
         batch_total = torch.stack([out.ce.float() * rows, torch.tensor(rows, device=inputs.device),
-                                   *(moe[key].float() * rows for key in keys)])
+                                   *(moe[key].float().to(inputs.device) * rows for key in keys)])
         totals = batch_total if totals is None else totals + batch_total
     parallel.all_reduce_sum(totals)
     model.train()
