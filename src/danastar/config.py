@@ -144,6 +144,7 @@ class ParallelSection:
     backend: str = "auto"  # auto (single or ddp) | single | ddp | fsdp | zero2 | hsdp
     tp_size: int = 1  # tensor-parallel degree, composed with FSDP2
     hsdp_replicas: int = 1  # replicate groups of an HSDP mesh (shard within each)
+    ep_size: int = 1  # expert-parallel degree: MoE routed experts split over this many ranks
     activation_checkpointing: int = 0  # checkpoint every n-th block; 0 disables
     reduce_dtype: str = (
         "auto"  # FSDP gradient reduction: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
@@ -231,6 +232,8 @@ FLAGS: dict[str, tuple[str, type, str]] = {
     "log_interval": ("train.log_interval", int, "log training metrics every N steps"),
     "nproc": ("parallel.nproc", int, "processes on this machine (launches torchrun when > 1)"),
     "distributed_backend": ("parallel.backend", str, "auto | single | ddp | fsdp | zero2 | hsdp"),
+    "ep_size": ("parallel.ep_size", int,
+                "expert parallelism: split the MoE routed experts over N data-parallel ranks (1)"),
     "dataset": (
         "data.dataset",
         str,
@@ -707,6 +710,7 @@ NUMBER_RULES: list[tuple[str, Any, str, str]] = [
     ("parallel.nproc", *AT_LEAST_1, ""),
     ("parallel.tp_size", *AT_LEAST_1, "1 turns tensor parallelism off"),
     ("parallel.hsdp_replicas", *AT_LEAST_1, ""),
+    ("parallel.ep_size", *AT_LEAST_1, "1 turns expert parallelism off"),
     ("parallel.activation_checkpointing", *NON_NEGATIVE,
      "0 turns it off, n checkpoints every n-th block"),
     ("checkpoint.keep_latest", *AT_LEAST_1, ""),
@@ -771,6 +775,7 @@ def validate(config: TrainConfig) -> None:
     if config.parallel.hsdp_replicas > 1 and config.parallel.backend != "hsdp":
         raise UserError("parallel.hsdp_replicas needs --distributed_backend hsdp.")
     check_moe(config)
+    check_expert_parallel(config)
 
 
 # The `model` keys of mixture of experts; given away from their defaults they need --moe, and the
@@ -863,6 +868,26 @@ def config_notes(config: TrainConfig) -> list[str]:
     return notes
 
 
+def check_expert_parallel(config: TrainConfig) -> None:
+    """--ep_size splits the routed experts of a MoE model over data-parallel ranks (what needs
+    the world size is checked by `batch_layout`)."""
+    ep = config.parallel.ep_size
+    if ep == 1:
+        return
+    if not config.model.moe:
+        raise UserError(f"--ep_size {ep} splits the experts of a MoE model; add --moe or drop "
+                        f"--ep_size.")
+    # tensor parallelism with MoE is refused by `check_moe`, as in the release
+    if config.parallel.backend == "hsdp":
+        raise UserError("expert parallelism does not compose with HSDP; use --distributed_backend "
+                        "fsdp (or ddp) with --ep_size.")
+    routed = config.model.moe_num_experts - config.model.moe_num_shared_experts
+    if routed % ep:
+        raise UserError(f"--ep_size {ep} does not divide the {routed} routed experts "
+                        f"(moe_num_experts - moe_num_shared_experts); choose an ep_size that "
+                        f"divides {routed}.")
+
+
 def check_schedule_options(config: TrainConfig) -> None:
     """A schedule option given away from its default to a schedule that does not use it is
     refused rather than silently ignored."""
@@ -938,6 +963,12 @@ def batch_layout(config: TrainConfig, world_size: int) -> BatchLayout:
         raise UserError(
             f"parallel.hsdp_replicas {replicas} does not divide the {data_parallel} data-parallel "
             f"ranks; choose a divisor."
+        )
+    if data_parallel % config.parallel.ep_size:
+        raise UserError(
+            f"--ep_size {config.parallel.ep_size} does not divide the {data_parallel} "
+            f"data-parallel ranks; run a multiple of {config.parallel.ep_size} processes "
+            f"(--nproc) or choose an ep_size that divides {data_parallel}."
         )
     batch = config.train.batch_size
     if batch % data_parallel:

@@ -2,11 +2,17 @@
 
 `setup_distributed` reads torchrun's environment, picks the device and process-group backend
 (nccl on GPU, gloo on CPU) and builds the device mesh; `parallelize` wraps a model in the fixed
-order tensor parallelism → activation checkpointing → torch.compile → FSDP2 (or DDP).
+order tensor parallelism or expert parallelism → activation checkpointing → torch.compile → FSDP2
+(or DDP).
 
 Mesh dimensions (outermost first): `dp_replicate` (HSDP only), `dp_shard` (or `dp`), `tp`.
 Ranks that differ only in their `tp` coordinate see the same data, so the data loader is given
-`data_rank`/`data_world` rather than the global rank and world.
+`data_rank`/`data_world` rather than the global rank and world. With expert parallelism
+(`--ep_size N`) the data-parallel dimension is built as (`dp_mod_ep`, `ep`) and flattened into
+`dp`: the `ep` ranks (which see different data) split each MoE layer's routed experts between
+them, and replicas of the same experts differ in their `dp_mod_ep` coordinate. The expert
+shards stay out of DDP and FSDP2 (which would treat them as replicas over all of `dp`);
+`ExpertGradients` reduces their gradients over `dp_mod_ep` after the last micro-step.
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ class Distributed:
     data_rank: int
     data_world: int
     mesh: Optional["torch.distributed.device_mesh.DeviceMesh"] = None
+    ep_size: int = 1  # expert-parallel ranks (1: every rank holds every expert)
+    # With expert parallelism, `dp_mod_ep` × `ep` flattened: the mesh FSDP2 shards the rest over
+    # (kept here: slicing a flattened dimension from the root mesh is deprecated).
+    flat_dp_mesh: Optional["torch.distributed.device_mesh.DeviceMesh"] = None
 
     @property
     def is_main(self) -> bool:
@@ -45,7 +55,9 @@ class Distributed:
 
     @property
     def sharded(self) -> bool:
-        return self.backend in SHARDED_BACKENDS
+        """Whether some parameters are sharded over ranks (FSDP2, or the experts under expert
+        parallelism): checkpoints are then written by every rank with DCP."""
+        return self.backend in SHARDED_BACKENDS or self.ep_size > 1
 
 
 def choose_device(requested: str) -> torch.device:
@@ -96,24 +108,31 @@ def setup_distributed(config) -> Distributed:
     from torch.distributed.device_mesh import init_device_mesh
 
     data_world = world_size // tp
+    ep = config.parallel.ep_size
     shape, names = [data_world], ["dp"]
     if backend == "hsdp":
         shape, names = [replicas, data_world // replicas], ["dp_replicate", "dp_shard"]
+    elif ep > 1:  # config.py has checked: ep divides the data-parallel world, no TP, no HSDP
+        shape, names = [data_world // ep, ep], ["dp_mod_ep", "ep"]
     if tp > 1:
         shape, names = shape + [tp], names + ["tp"]
     mesh = init_device_mesh(device.type, tuple(shape), mesh_dim_names=tuple(names))
-    return Distributed(backend, rank, local_rank, world_size, device, rank // tp, data_world, mesh)
+    flat_dp = mesh["dp_mod_ep", "ep"]._flatten("dp") if ep > 1 else None
+    return Distributed(backend, rank, local_rank, world_size, device, rank // tp, data_world, mesh,
+                       ep, flat_dp)
 
 
 def data_parallel_mesh(env: Distributed):
     """The mesh FSDP2 shards over: 1-D `dp`, or the 2-D (replicate, shard) mesh of HSDP."""
     if env.backend == "hsdp":
         return env.mesh["dp_replicate", "dp_shard"]
-    return env.mesh["dp"]
+    return env.flat_dp_mesh if env.flat_dp_mesh is not None else env.mesh["dp"]
 
 
 def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
-    """TP → activation checkpointing → compile → FSDP2/DDP, as the configuration asks."""
+    """TP → EP → activation checkpointing → compile → FSDP2/DDP, as the configuration asks."""
+    if env.ep_size > 1:
+        apply_expert_parallel(model, env)
     if config.parallel.tp_size > 1:
         from danastar.models.parallelize import apply_tensor_parallel
 
@@ -130,14 +149,73 @@ def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
             block.compile()
         # The loss's elementwise work too (a vocabulary-sharded head under TP stays eager).
         model.compile_loss = config.parallel.tp_size == 1
-    if env.sharded:
+    if env.backend in SHARDED_BACKENDS:
         return apply_fsdp(model, config, env)
     if env.backend == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
+        # DDP would all-reduce the experts' shards over every rank as if they were replicas:
+        # they are left out of it and reduced by `ExpertGradients` over their true replicas.
+        experts = [name for name, param in model.named_parameters() if is_expert_shard(param)]
+        if experts:
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, experts)
         device_ids = [env.device.index] if env.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
     return model
+
+
+# ----------------------------------------------------------------------------------------------
+# Expert parallelism
+
+def is_expert_shard(param: torch.Tensor) -> bool:
+    """A parameter sharded over the `ep` mesh (FSDP2's are on `dp`, TP's on `tp`)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(param, DTensor) and param.device_mesh.mesh_dim_names == ("ep",)
+
+
+def apply_expert_parallel(model: nn.Module, env: Distributed) -> None:
+    """Split every MoE layer's routed experts over the `ep` mesh and route through them.
+
+    The experts' stacked (R, out, in) parameters become DTensors `Shard(0)` on `ep` rather than
+    plain local (R/ep, out, in) slices: the gradient-norm clip, the optimizers (which work on
+    local shards), τ statistics and DCP checkpoints already handle DTensors, and a checkpoint then
+    holds every expert whole whatever the ep size (saved with DCP by every rank, as under FSDP2,
+    since one rank alone cannot write the experts it does not hold).
+    """
+    from danastar.models.expert_parallel import apply_expert_parallel as shard_experts
+
+    capacity = getattr(model.config, "moe_expert_capacity_factor", 0.0)
+    names = shard_experts(model, env.mesh["ep"], capacity)
+    if not names:
+        raise UserError(f"--ep_size {env.ep_size} found no MoE layer to split; add --moe.")
+    params = [param for param in model.parameters() if is_expert_shard(param)]
+    model.expert_gradients = ExpertGradients(params, env.mesh["dp_mod_ep"].get_group(),
+                                             env.data_world)
+
+
+@dataclass
+class ExpertGradients:
+    """The reduction DDP and FSDP2 do not do for the expert shards (they are left out of both).
+
+    Each rank's expert gradient already sums the contributions of the tokens of every `ep` rank
+    (the all-to-all brings them back in backward); what remains is the sum over the replicas of
+    the same experts (`dp_mod_ep`) and the division by the whole data-parallel world that DDP and
+    FSDP2 apply to every other gradient (the gradients are those of the ranks' mean loss).
+    """
+
+    params: list
+    replicas: "dist.ProcessGroup"
+    data_world: int
+
+    def reduce(self) -> None:
+        for param in self.params:
+            if param.grad is None:  # no rows reached these experts on any step of the backward
+                param.grad = torch.zeros_like(param)
+            grad = param.grad.to_local()
+            if dist.get_world_size(self.replicas) > 1:
+                dist.all_reduce(grad, group=self.replicas)
+            grad.div_(self.data_world)
 
 
 def apply_fsdp(model: nn.Module, config, env: Distributed) -> nn.Module:
@@ -159,10 +237,14 @@ def apply_fsdp(model: nn.Module, config, env: Distributed) -> nn.Module:
         env.backend != "zero2"
     )  # ZeRO-2-like: keep gathered parameters from forward to backward
     mesh = data_parallel_mesh(env)
+    # Expert shards (expert parallelism) stay out of FSDP2, as out of DDP: `ExpertGradients`
+    # reduces them over their replicas.
+    experts = {param for param in model.parameters() if is_expert_shard(param)} or None
     for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard,
+                    ignored_params=experts)
     fully_shard(
-        model, mesh=mesh, mp_policy=policy, reshard_after_forward=False
+        model, mesh=mesh, mp_policy=policy, reshard_after_forward=False, ignored_params=experts
     )  # backward needs it next
     register_fsdp_forward_method(
         model, "generate"
@@ -188,6 +270,9 @@ def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
             yield
     else:
         yield
+    experts = getattr(unwrap(model), "expert_gradients", None)
+    if sync and experts is not None:  # after the last micro-step's backward, as DDP and FSDP2's
+        experts.reduce()
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
