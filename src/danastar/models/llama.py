@@ -13,7 +13,7 @@ from torch import nn
 
 from danastar.models.config import ModelConfig
 from danastar.models.layers import KVCache, RMSNorm, apply_rope, causal_attention
-from danastar.models.moe import make_mlp
+from danastar.models.qwen3 import Qwen3Block
 from danastar.models.transformer import Transformer
 
 
@@ -35,19 +35,10 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.flatten(2))
 
 
-class LlamaBlock(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int = 0):
-        super().__init__()
-        self.residual_scale = config.residual_scale
-        self.input_layernorm = RMSNorm(config.n_embd, config.norm_eps)
-        self.self_attn = LlamaAttention(config)
-        self.post_attention_layernorm = RMSNorm(config.n_embd, config.norm_eps)
-        self.mlp = make_mlp(config, layer)
+class LlamaBlock(Qwen3Block):
+    """Qwen3's pre-norm block with Llama's attention (no q/k norms, no gate)."""
 
-    def forward(self, x, rope, cache=None, pos=0):
-        x = x.add(self.self_attn(self.input_layernorm(x), rope, cache, pos),
-                  alpha=self.residual_scale)
-        return x.add(self.mlp(self.post_attention_layernorm(x)), alpha=self.residual_scale)
+    attention = LlamaAttention
 
 
 class Llama(Transformer):

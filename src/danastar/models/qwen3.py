@@ -46,11 +46,13 @@ class Qwen3Attention(nn.Module):
 
 
 class Qwen3Block(nn.Module):
+    attention = Qwen3Attention  # Llama's block is this one with its own attention
+
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
         self.residual_scale = config.residual_scale
         self.input_layernorm = RMSNorm(config.n_embd, config.norm_eps)
-        self.self_attn = Qwen3Attention(config)
+        self.self_attn = self.attention(config)
         self.post_attention_layernorm = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = make_mlp(config, layer)
 
