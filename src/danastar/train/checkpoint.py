@@ -451,8 +451,9 @@ class Checkpointer:
         if found.layout != expected:
             error = UserError(
                 f"checkpoint {found.path} was written by a "
-                f"{'sharded (FSDP)' if found.layout == 'dcp' else 'single-file'} "
-                f"run; resume it with the same --distributed_backend or pass --no_auto_resume."
+                f"{'sharded (FSDP or --ep_size)' if found.layout == 'dcp' else 'single-file'} "
+                f"run; resume it with the same --distributed_backend and --ep_size, or pass "
+                f"--no_auto_resume."
             )
             error.reported_by_rank_0 = self.rank != 0  # every rank finds it; one says it
             raise error
