@@ -49,7 +49,7 @@ def test_the_release_flags_map_to_their_keys_with_the_release_defaults():
         *BASE, "--arch", "qwen3next", "--moe_num_experts", "6", "--moe_num_experts_per_tok", "1",
         "--moe_softmax_order", "softmax_topk", "--moe_router_loss", "entropy",
         "--moe_aux_loss_factor", "0", "--moe_z_loss_factor", "0.5",
-        "--moe_entropy_loss_factor", "0.2", "--moe_expert_capacity_factor", "1.5",
+        "--moe_entropy_loss_factor", "0.2", "--moe_expert_capacity_factor", "1.5", "--ep_size", "2",
         "--use_gated_shared_expert", "--shared_expert_intermediate_size", "96",
         "--decoder_sparse_step", "2", "--mlp_only_layers", "2", "--mlp_dim_exp_factor", "0.5",
         "--plot_router_logits", "--moe_budget", "total"])

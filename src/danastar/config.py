@@ -872,6 +872,10 @@ def check_expert_parallel(config: TrainConfig) -> None:
     """--ep_size splits the routed experts of a MoE model over data-parallel ranks (what needs
     the world size is checked by `batch_layout`)."""
     ep = config.parallel.ep_size
+    capacity = config.model.moe_expert_capacity_factor
+    if ep == 1 and capacity and config.model.moe:  # without --moe the MoE-flag check says it
+        raise UserError(f"--moe_expert_capacity_factor {capacity:g} caps the buffers of expert "
+                        f"parallelism, which is off; add --ep_size N (N > 1) or drop the flag.")
     if ep == 1:
         return
     if not config.model.moe:

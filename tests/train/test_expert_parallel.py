@@ -174,6 +174,8 @@ def test_training_with_ep_size_2_equals_ddp_and_resumes(tmp_path):
          "does not compose with HSDP"),
         ({"model": {"moe": True}, "parallel": {"ep_size": 2, "tp_size": 2, "backend": "fsdp"}},
          "tensor parallelism with MoE"),
+        ({"model": {"moe": True, "moe_expert_capacity_factor": 1.5}},
+         "caps the buffers of expert parallelism, which is off; add --ep_size"),
     ],
 )
 def test_ep_size_refusals_are_one_sentence(layer, fragment):
