@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement of docs/benchmarks.md and the CUDA tests, stage by stage, on one GPU:
 #
-#   bash benchmarks/cuda_session.sh OUT_DIR optim throughput train memory tests
+#   bash benchmarks/cuda_session.sh OUT_DIR optim throughput train memory moe tests
 #
 # Each stage writes its log (and its result JSON) into OUT_DIR; a stage that fails or runs out
 # of its time limit does not stop the next. Run from the repository root with danastar importable
@@ -63,6 +63,10 @@ EOF
 
 stage_memory() {
   "$python" benchmarks/train_memory.py --device cuda --output "$out/train_memory-cuda.json"
+}
+
+stage_moe() {
+  "$python" benchmarks/moe_experts.py --device cuda --out "$out/moe_experts-cuda.json"
 }
 
 stage_tests() {
