@@ -4,7 +4,13 @@ import pytest
 
 from danastar.config import merge
 from danastar.errors import UserError
-from danastar.train.logging import SUPERSEDED_FILE, RunLogger, read_metrics, truncate_metrics
+from danastar.train.logging import (
+    SUPERSEDED_FILE,
+    RunLogger,
+    read_metrics,
+    tracker_scalars,
+    truncate_metrics,
+)
 
 
 def make_logger(run_dir, resumed=False, start_step=0, **logging_keys):
@@ -51,3 +57,11 @@ def test_trackers_are_optional_and_asked_for(tmp_path, key, package):
         make_logger(
             tmp_path, **{key: True}, **({"wandb_offline": True} if key == "wandb" else {})
         ).close()
+
+
+def test_trackers_get_numbers_and_each_moe_layers_largest_load():
+    line = {"step": 4, "train_loss": 2.5, "final": True, "moe_max_load": 1.5,
+            "moe_load": [[0.25, 0.25, 0.5, 0.0], [0.125, 0.375, 0.25, 0.25]],
+            "experts": [{"routed_share": [1.0, 0.5]}]}
+    assert tracker_scalars(line) == {"train_loss": 2.5, "moe_max_load": 1.5,
+                                     "moe_max_load/layer0": 2.0, "moe_max_load/layer1": 1.5}

@@ -214,7 +214,7 @@ class RunLogger:
             return
         self.metrics_file.write(json.dumps(metrics, allow_nan=True) + "\n")
         self.metrics_file.flush()
-        numbers = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))}
+        numbers = tracker_scalars(metrics)
         if self.wandb_run is not None:
             self.wandb_run.log(numbers, step=metrics["step"])
         if self.tensorboard is not None:
@@ -252,6 +252,21 @@ class RunLogger:
             self.wandb_run.finish()
         if self.tensorboard is not None:
             self.tensorboard.close()
+
+
+def tracker_scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numbers of one metrics line that trackers (wandb, TensorBoard) take as scalars: every
+    number but the step, and for a mixture of experts each layer's largest load (in units of the
+    balanced load, as `moe_max_load`) as `moe_max_load/layer<l>`; per-expert lists stay in
+    metrics.jsonl, where a few hundred series per layer do not clutter a dashboard."""
+    numbers = {k: v for k, v in metrics.items()
+               if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for prefix in ("", "val_"):
+        load = metrics.get(f"{prefix}moe_load")
+        if isinstance(load, list) and load and isinstance(load[0], list):
+            for layer, row in enumerate(load):
+                numbers[f"{prefix}moe_max_load/layer{layer}"] = max(row) * len(row)
+    return numbers
 
 
 def start_wandb(config, run_dir: Path, resumed: bool):
