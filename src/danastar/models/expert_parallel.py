@@ -28,6 +28,8 @@ from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 from torch.distributed.tensor import DTensor, Shard
 
+from danastar.models.moe import eager_only
+
 
 class ExpertParallel:
     """The dispatcher of a MoE layer whose routed experts are sharded over `group`.
@@ -45,7 +47,7 @@ class ExpertParallel:
         self.world = dist.get_world_size(group)
         self.capacity_factor = capacity_factor
 
-    @torch.compiler.disable  # data-dependent splits and eager collectives: run outside graphs
+    @eager_only  # data-dependent splits and eager collectives: run outside graphs
     def __call__(self, x_sorted: torch.Tensor, counts: torch.Tensor, experts: nn.Module,
                  token_order: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
         world, rows = self.world, x_sorted.shape[0]

@@ -24,16 +24,10 @@ torchtitan takes) where it runs forward and backward, checked once per (device, 
 a trial: bfloat16 with 16-byte-aligned rows (torch.compile's shape checks admit nothing else),
 on CUDA and, in torch 2.13, on CPU. Elsewhere (float32, float64) a loop of one matmul per
 expert, run eagerly under torch.compile. Measured on a shared 2-core CPU, torch 2.13, forward +
-backward of one projection, 4096 rows, d 128, h 512 (the machine had no GPU to time the CUDA
-kernel):
-
-| experts | float32 loop | float32 grouped | bfloat16 loop | bfloat16 grouped |
-|---|---|---|---|---|
-| 8 | 198 ms | 188 ms | 797 ms | 300 ms |
-| 64 | 1584 ms | 975 ms | 1524 ms | 485 ms |
-
-The grouped kernel wins, most in bfloat16; in float32 it is not used because torch.compile
-refuses it, and the loop keeps float64 (the tests' precision) exact.
+backward of one expert MLP, 4096 rows, d 128, h 512 (the machine had no GPU to time the CUDA
+kernel): with 64 experts, the grouped kernel is about 6x faster than the loop
+(`benchmarks/moe_experts.py`, numbers in docs/benchmarks.md). In float32 it is not used because
+torch.compile refuses it, and the loop keeps float64 (the tests' precision) exact.
 
 Router losses of one layer (the release's definitions; their weighted sum over MoE layers,
 divided by n_layer, is added to the training loss by the model):
@@ -46,6 +40,7 @@ divided by n_layer, is added to the training loss by the model):
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -92,7 +87,24 @@ def _grouped(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> tor
 
 # Run eagerly under torch.compile: the split sizes are data, and tracing them would specialise
 # the graph on each step's expert counts (a recompile per step).
-@torch.compiler.disable
+def eager_only(function):
+    """``torch.compiler.disable(function)``, made on the first call: the decorator imports
+    torch._dynamo, a second or more at the start of every process that merely imports the
+    models (command-line tools, analysis) and never compiles. By the time torch.compile traces
+    a caller, the first eager call (or the trace itself) has made the disabled function."""
+    disabled = None
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            disabled = torch.compiler.disable(function)
+        return disabled(*args, **kwargs)
+
+    return call
+
+
+@eager_only
 def _looped(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     # every expert is multiplied, also on zero rows: its gradient is then an exact zero
     chunks = torch.split(x, counts.tolist())
@@ -108,7 +120,7 @@ def grouped_mm_works(device: torch.device, dtype: torch.dtype, size_in: int,
     return _try_grouped_mm(key, device, dtype, size_in, size_out) if works is None else works
 
 
-@torch.compiler.disable
+@eager_only
 def _try_grouped_mm(key: tuple, device: torch.device, dtype: torch.dtype, size_in: int,
                     size_out: int) -> bool:
     if key not in _GROUPED_MM_WORKS:
