@@ -191,3 +191,25 @@ def test_compute_of_a_mixture_of_experts_counts_its_active_parameters():
     assert compute_non_embedding(moe) == 327_680
     qwen = {**moe, "arch": "qwen3", "exact_active_non_embedding_params": 329_216}
     assert compute_non_embedding(qwen) == 329_216
+
+
+def test_a_mixture_of_experts_and_a_dense_model_of_the_same_heads_are_two_models(tmp_path):
+    import json
+
+    from fake_runs import write_run
+
+    from danastar.analysis.records import find_runs
+    from danastar.analysis.table import best_per_size
+
+    for lr_ratio in (0.5, 1.0):
+        write_run(tmp_path / "dense", "adamw", 2, lr_ratio=lr_ratio)
+        moe_run = write_run(tmp_path / "moe", "adamw", 2, lr_ratio=lr_ratio * 4)
+        saved = json.loads((moe_run / "plan.json").read_text())
+        saved["plan"].update(moe=True, moe_num_experts=64, moe_num_experts_per_tok=2,
+                             moe_num_shared_experts=1)
+        (moe_run / "plan.json").write_text(json.dumps(saved))
+    runs = find_runs([tmp_path])
+    assert sorted({run.arch for run in runs}) == ["enoki", "enoki-moe64k2+1s"]
+    best = {b.arch: b for b in best_per_size(runs)}
+    assert best.keys() == {"enoki", "enoki-moe64k2+1s"}  # each its own best LR, never mixed
+    assert best["enoki-moe64k2+1s"].lr > 1.5 * best["enoki"].lr

@@ -60,7 +60,16 @@ class Run:
 
     @property
     def arch(self) -> str:
-        return str(self.plan.get("arch", "?"))
+        """The architecture, and for a mixture of experts its experts (`enoki-moe64k2`: 64
+        experts, 2 per token; `+1s` for a shared one), so that a MoE and a dense model with the
+        same heads are two models, not one size, in every table and figure."""
+        arch = str(self.plan.get("arch", "?"))
+        if not self.plan.get("moe"):
+            return arch
+        shared = self.plan.get("moe_num_shared_experts") or 0
+        return (f"{arch}-moe{self.plan.get('moe_num_experts', '?')}"
+                f"k{self.plan.get('moe_num_experts_per_tok', '?')}"
+                + (f"+{shared}s" if shared else ""))
 
     @property
     def heads(self) -> int:
