@@ -213,3 +213,10 @@ def test_a_mixture_of_experts_and_a_dense_model_of_the_same_heads_are_two_models
     best = {b.arch: b for b in best_per_size(runs)}
     assert best.keys() == {"enoki", "enoki-moe64k2+1s"}  # each its own best LR, never mixed
     assert best["enoki-moe64k2+1s"].lr > 1.5 * best["enoki"].lr
+
+
+def test_the_best_lr_is_chosen_on_the_seeds_every_lr_has():
+    # 1e-3 won on seed 0 and was given two more seeds, which landed worse; 2e-3 has seed 0 only
+    losses = {1e-3: {0: 3.00, 1: 3.20, 2: 3.25}, 2e-3: {0: 3.05}, 4e-3: {0: 3.30}}
+    assert seeds.best_lr(losses) == 1e-3  # by seed 0 alone, not 3.15 (mean) against 3.05
+    assert seeds.best_lr({1e-3: {1: 3.1}, 2e-3: {2: 3.0}}) == 2e-3  # nothing in common: means

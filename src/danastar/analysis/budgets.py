@@ -51,13 +51,13 @@ def lr_sweep_runs(runs: Sequence[Run]) -> list[Run]:
 
 
 def best_lr_runs(runs: Sequence[Run]) -> list[Run]:
-    """The complete runs of one (optimizer, size) at its best LR (lowest seed-mean final loss
-    at the sweep budget), at every budget and seed."""
+    """The complete runs of one (optimizer, size) at its best LR (`seeds.best_lr` of the final
+    losses at the sweep budget), at every budget and seed."""
     at_budget = [r for r in runs if r.iterations == sweep_budget(runs)]
-    losses: dict[float, list[float]] = {}
+    losses: dict[float, dict[int, float]] = {}
     for run in at_budget:
-        losses.setdefault(_lr_key(run.lr), []).append(run.final_loss)
-    best = min(losses, key=lambda lr: sum(losses[lr]) / len(losses[lr]))
+        losses.setdefault(_lr_key(run.lr), {})[run.seed] = run.final_loss
+    best = seeds.best_lr(losses)
     return [r for r in runs if _lr_key(r.lr) == best]
 
 

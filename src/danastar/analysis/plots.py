@@ -220,16 +220,16 @@ def lr_sweeps(runs: Sequence[Run]):
     for ax, size in zip(axes, sizes):
         for group, group_runs in _by_optimizer([r for r in chosen if r.size == size]).items():
             base = group_runs[0].optimizer
-            by_lr: dict[float, list[float]] = {}
+            by_lr: dict[float, dict[int, float]] = {}
             for run in group_runs:
-                by_lr.setdefault(float(f"{run.lr:.4g}"), []).append(run.final_loss)
+                by_lr.setdefault(float(f"{run.lr:.4g}"), {})[run.seed] = run.final_loss
             lrs = sorted(by_lr)
-            stats = [seeds.mean_se(by_lr[lr]) for lr in lrs]
+            stats = [seeds.mean_se(list(by_lr[lr].values())) for lr in lrs]
             errors = [0.0 if math.isnan(m.se) else m.se for m in stats]
             ax.errorbar(lrs, [m.mean for m in stats], yerr=errors, marker="o", markersize=4,
                         capsize=2, color=colour(base), linestyle=linestyle(base),
                         label=_label(group, base))
-            best = min(range(len(lrs)), key=lambda i: stats[i].mean)
+            best = lrs.index(seeds.best_lr(by_lr))
             ax.plot(lrs[best], stats[best].mean, "*", color=colour(base), markersize=12)
         ax.set_xscale("log")
         ax.set_xlabel("peak learning rate")

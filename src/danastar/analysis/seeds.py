@@ -42,3 +42,18 @@ def difference(a: Sequence[float], b: Sequence[float]) -> Difference:
     se = math.sqrt(ma.se ** 2 + mb.se ** 2)
     t = diff / se if se > 0 else (float("nan") if math.isnan(se) or diff == 0 else math.inf)
     return Difference(diff, se, t)
+
+
+def best_lr(losses: dict[float, dict[int, float]]) -> float:
+    """The best of several LRs from their final losses by seed (``{lr: {seed: loss}}``): the
+    lowest mean over the seeds that every LR has, a paired comparison (same data orders), so
+    that an LR run with more seeds, whose extra seeds may land worse, is not judged against
+    another LR's single lucky seed; with no seed in common, the lowest mean of each LR's own."""
+    common = set.intersection(*(set(by_seed) for by_seed in losses.values()))
+
+    def score(lr: float) -> float:
+        kept = [loss for seed, loss in losses[lr].items() if seed in common] if common \
+            else list(losses[lr].values())
+        return sum(kept) / len(kept)
+
+    return min(losses, key=score)

@@ -64,8 +64,9 @@ def _lr_key(lr: float) -> float:
 
 
 def best_per_size(runs: Sequence[Run]) -> list[Best]:
-    """Per (optimizer group, arch, heads), the LR with the lowest mean final loss over seeds,
-    among the runs at the sweep budget (``budgets.lr_sweep_runs``); partial runs left out.
+    """Per (optimizer group, arch, heads), the best LR (``seeds.best_lr``: the lowest mean
+    final loss over the seeds every LR has) among the runs at the sweep budget
+    (``budgets.lr_sweep_runs``), with the mean over all its seeds; partial runs left out.
     Sorted by optimizer, then size."""
     groups: dict[tuple[str, str, int], dict[float, list[Run]]] = {}
     for run in budgets.lr_sweep_runs(complete_runs(runs, "choosing the best LR")):
@@ -74,7 +75,7 @@ def best_per_size(runs: Sequence[Run]) -> list[Best]:
     best = []
     for (group, arch, heads), by_lr in sorted(groups.items()):
         stats = {lr: seeds.mean_se([r.final_loss for r in rs]) for lr, rs in by_lr.items()}
-        lr = min(stats, key=lambda k: stats[k].mean)
+        lr = seeds.best_lr({lr: {r.seed: r.final_loss for r in rs} for lr, rs in by_lr.items()})
         best.append(Best(group, by_lr[lr][0].optimizer, arch, heads, lr, stats[lr],
                          tuple(by_lr[lr]), sum(len(rs) for rs in by_lr.values())))
     return best
