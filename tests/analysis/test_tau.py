@@ -76,6 +76,19 @@ def test_parameter_types_of_enoki_and_qwen3():
     assert tau.parameter_type("lm_head.weight") == "output"
 
 
+def test_routed_experts_and_their_slices_are_their_own_type_shared_experts_stay_mlp():
+    assert tau.parameter_type("blocks.0.mlp.experts.up_proj") == "experts"
+    assert tau.parameter_type("blocks.2.mlp.experts.down_proj[11]") == "experts"
+    assert tau.parameter_type("blocks.0.mlp.shared_experts.up_proj") == "MLP"
+    assert tau.parameter_type("blocks.0.mlp.shared_expert.up_proj.weight") == "MLP"
+    assert tau.parameter_type("blocks.0.mlp.router.weight") == "MLP"
+    names = ["blocks.0.mlp.experts.up_proj", "blocks.0.mlp.experts.up_proj[0]",
+             "blocks.0.mlp.experts.up_proj[1]", "lm_head.weight"]
+    groups = tau.panel_tensors(names)  # the experts panel averages the slices
+    assert groups == {"experts": names[1:3], "output": ["lm_head.weight"]}
+    assert tau.panel_tensors(names[:1]) == {"experts": names[:1]}  # no slices: the whole
+
+
 NAMES = ("embed.weight", "blocks.0.attn.qkv_proj.weight", "blocks.0.attn.o_proj.weight",
          "blocks.0.mlp.up_proj.weight", "blocks.0.mlp.down_proj.weight",
          "blocks.0.attn_norm.weight", "lm_head.weight")

@@ -162,6 +162,15 @@ def test_training_with_ep_size_2_equals_ddp_and_resumes(tmp_path):
     for (step, key, value), (_, _, wanted) in zip(got, expected):
         assert value == pytest.approx(wanted, rel=1e-5), (step, key)
     assert all(m.get("moe_dropped_fraction", 0) == 0 for m in metrics(run_dir))
+    # the per-expert statistics gather the sharded experts (and their τ) whole
+    got, expected = ([(m["step"], m["experts"]) for m in metrics(run) if "experts" in m]
+                     for run in (run_dir, reference))
+    assert [step for step, _ in got] == [step for step, _ in expected] and got
+    for (step, entry), (_, wanted) in zip(got, expected):
+        assert entry.keys() == wanted.keys() and entry["routed_share"] == wanted["routed_share"]
+        for key in entry.keys() - {"steps", "routed_share"}:
+            assert torch.tensor(entry[key]).flatten().tolist() == pytest.approx(
+                torch.tensor(wanted[key]).flatten().tolist(), rel=1e-5, abs=1e-7), (step, key)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,10 @@ regularised τ̃, and the averaging of the CDFs of one parameter type.
 * Types: embedding, attention, MLP, output (and norm, left out of the summary), by the parameter
   names of Enoki and Qwen3. The CDF of a type is the mean of its tensors' CDFs (each tensor
   weighs the same, whatever its size), evaluated at the union of their τ̃ points.
+* A mixture of experts adds the type "experts": the routed experts' stacked parameters
+  (`blocks.0.mlp.experts.up_proj`) and their per-expert slices (`...up_proj[3]`); shared experts
+  see every token and stay MLP. Its CDF is the mean over the slices, so that each expert weighs
+  the same (over the whole tensors where a file has no slices).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import numpy as np
 from danastar.errors import UserError
 
 TYPES = ("embedding", "attention", "MLP", "output")  # the 2×2 summary, in reading order
+EXPERTS = "experts"  # the extra panel of a mixture of experts
+_SLICE = re.compile(r"^(.*)\[(\d+)\]$")  # `<name>[<e>]`: expert e's slice of a stacked tensor
 _STEP_FILE = re.compile(r"^step-(\d+)\.npz$")
 
 
@@ -54,8 +60,11 @@ def regularised(tau, step: int) -> np.ndarray:
 def parameter_type(name: str) -> str:
     """embedding, attention, MLP, output or norm, from an Enoki or Qwen3 parameter name
     (`embed.weight`, `blocks.0.attn.qkv_proj.weight`, `blocks.0.self_attn.q_proj.weight`,
-    `blocks.0.mlp.up_proj.weight`, `lm_head.weight`, `blocks.0.attn_norm.weight`, ...)."""
-    parts = name.split(".")
+    `blocks.0.mlp.up_proj.weight`, `lm_head.weight`, `blocks.0.attn_norm.weight`, ...); experts
+    for a routed expert tensor or slice (`blocks.0.mlp.experts.up_proj[3]`)."""
+    parts = _SLICE.sub(r"\1", name).split(".")
+    if "experts" in parts[:-1]:  # the routed experts (shared ones are `shared_experts`)
+        return EXPERTS
     if any("norm" in part for part in parts[:-1]):  # q_norm / k_norm sit inside attention
         return "norm"
     if parts[0] in ("embed", "wte", "embed_tokens") or "embed" in parts[-2:-1]:
@@ -67,6 +76,22 @@ def parameter_type(name: str) -> str:
     if any(part in ("mlp", "feed_forward", "ffn") for part in parts):
         return "MLP"
     return "other"
+
+
+def is_expert_slice(name: str) -> bool:
+    return _SLICE.match(name) is not None
+
+
+def panel_tensors(names) -> dict[str, list[str]]:
+    """The tensors each panel averages, by type: for experts the per-expert slices (the whole
+    stacked tensors where there are no slices), for every other type its tensors."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names):
+        groups.setdefault(parameter_type(name), []).append(name)
+    if EXPERTS in groups:
+        slices = [name for name in groups[EXPERTS] if is_expert_slice(name)]
+        groups[EXPERTS] = slices or groups[EXPERTS]
+    return groups
 
 
 def tensor_cdf(arrays: dict[str, np.ndarray], step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,10 +115,9 @@ def mean_cdf(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, n
 
 def type_cdfs(collection: Collection) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per parameter type present, the mean CDF of its tensors at this collection's step."""
-    groups: dict[str, list] = {}
-    for name, arrays in collection.tensors.items():
-        groups.setdefault(parameter_type(name), []).append(tensor_cdf(arrays, collection.step))
-    return {kind: mean_cdf(curves) for kind, curves in groups.items()}
+    return {kind: mean_cdf([tensor_cdf(collection.tensors[name], collection.step)
+                            for name in names])
+            for kind, names in panel_tensors(collection.tensors).items()}
 
 
 def read_collections(run_dir: Path) -> list[Collection]:

@@ -8,6 +8,8 @@ directories, written as FILE.png and FILE.pdf.
     danastar plot lr-sweep runs/sweep              # final loss vs LR, one panel per size
     danastar plot lr-sensitivity runs/sweep        # final loss vs LR with parabolas
     danastar plot tau runs/my-run                  # τ CDFs (--collect_tau_stats); --param NAME
+    danastar plot experts runs/a runs/b            # MoE: τ and weight norm per expert vs
+                                                   # routing share; --step N
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import argparse
 import json
 from pathlib import Path
 
-from danastar.analysis import budgets, plots, records, table, tau
+from danastar.analysis import budgets, experts, plots, records, table, tau
 from danastar.errors import UserError
 
-KINDS = ("scaling", "within-size", "curves", "lrlaw", "lr-sweep", "lr-sensitivity", "tau")
+KINDS = ("scaling", "within-size", "curves", "lrlaw", "lr-sweep", "lr-sensitivity", "tau",
+         "experts")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--param", default=None, metavar="NAME",
                         help="tau: plot this parameter alone (a model.named_parameters() name) "
                              "instead of the 2x2 summary")
+    parser.add_argument("--step", type=int, default=None,
+                        help="experts: the evaluation step to plot (default the last)")
     return parser
 
 
@@ -59,8 +64,10 @@ def main(argv: list[str]) -> int:
         raise UserError("--top_k must be at least 1, --bootstrap at least 0 and --min_lrs at "
                         "least 3 (a parabola has three coefficients).")
     out = args.out or Path(args.kind)
-    if args.kind == "tau":
-        for path in plots.save(_tau_figure(args), out):
+    if args.kind in ("tau", "experts"):
+        figure = (_tau_figure(args) if args.kind == "tau"
+                  else plots.experts(experts.snapshots(args.dirs, args.step)))
+        for path in plots.save(figure, out):
             print(f"wrote {path}")
         return 0
     runs = records.find_runs(args.dirs)

@@ -45,6 +45,7 @@ from danastar.errors import UserError
 from danastar.models import build_model
 from danastar.optim import apply_schedule, build_optimizer, get_schedule
 from danastar.optim.base import local
+from danastar.train import experts as per_expert
 from danastar.train import identity as run_identity
 from danastar.train import parallel, tau_stats
 from danastar.train.checkpoint import Checkpointer, Found, gather_rng_states, set_rng_state
@@ -99,6 +100,8 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     resumed = resume(start.found, env, checkpointer, core, optimizer, data)
     step = resumed.step if resumed else 0
     skipped_total = resumed.skipped_steps if resumed else 0
+    # routing counts per expert (MoE); checkpoints from before it start them at zero
+    expert_tally = per_expert.ExpertTally(resumed.expert_tally if resumed else None)
     log.start(step, resumed=resumed is not None)
     if env.is_main:
         write_run_files(run_dir, config, plan, layout, env)
@@ -130,6 +133,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     def save(kind: str) -> None:
         checkpointer.save(step, core, optimizer, {
             "step": step, "skipped_steps": skipped_total,
+            "expert_tally": expert_tally.state_dict(),
             "data_position": data.loader.state_dict(), "rng": gather_rng_states(),
             "plan": plan.to_dict(), "identity": identity}, kind)
 
@@ -142,6 +146,9 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
                    **{f"val_{key}": value for key, value in router.items()}}
         if step == 0:
             metrics["loss/init"] = val_loss
+        experts = per_expert.statistics(core, optimizer, expert_tally)  # on every rank: sharded
+        if experts is not None:
+            metrics["experts"] = experts
         if final:
             metrics["final"] = True
         elif config.train.collect_tau_stats and tau_stats.collection_due(
@@ -168,6 +175,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
                             or (env.is_main and stop_file.exists()))
         if result.finite:
             consecutive_skips = 0
+            expert_tally.add(result.moe.get("moe_load"))  # a skipped step trained no expert
         else:
             skipped_total += 1
             consecutive_skips += 1
@@ -370,6 +378,7 @@ class Resumed:
     skipped_steps: int
     saved_world_size: int
     same_topology: bool
+    expert_tally: dict | None = None  # `ExpertTally.state_dict()`; absent in older checkpoints
 
     def describe(self) -> str:
         if self.same_topology:
@@ -458,7 +467,7 @@ def resume(found: Found | None, env: parallel.Distributed, checkpointer: Checkpo
     if same_topology:
         set_rng_state(run_state["rng"][env.rank])
     return Resumed(found.path, run_state["step"], run_state["skipped_steps"], saved_world,
-                   same_topology)
+                   same_topology, run_state.get("expert_tally"))
 
 
 def write_run_files(run_dir: Path, config: TrainConfig, plan, layout, env) -> None:

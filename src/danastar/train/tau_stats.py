@@ -12,7 +12,10 @@ Files (never pickle), under `<run_dir>/tau_stats/`:
 
     step-<step>.npz    per parameter `<name>`: `<name>::smallest` (τ at I_k, ascending),
                        `<name>::largest` (τ at n − 1 − I_k, descending), `<name>::indices` (I_k),
-                       `<name>::shape`; n is the product of the shape
+                       `<name>::shape`; n is the product of the shape. A routed expert
+                       parameter of a mixture of experts (stacked, one slice per expert) also
+                       has one entry per slice, named `<name>[<e>]` (expert e), in the same
+                       format
     metadata.json      optimizer, arch, heads, settings, eval_interval, the schedule, and the
                        collections so far (step, evaluation, file)
 """
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 from danastar.durable import write_atomic
+from danastar.models.moe import MoE
 
 
 def order_indices(n: int) -> np.ndarray:
@@ -61,6 +65,9 @@ def order_statistics(tau: torch.Tensor) -> dict[str, np.ndarray]:
 def collect(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, np.ndarray]:
     """The order statistics of every parameter's τ. Every rank must call it: a sharded τ
     (DTensor) is gathered whole."""
+    # routed experts only: shared experts see every token, a whole tensor says all about them
+    stacked = {id(p) for m in model.modules() if isinstance(m, MoE)
+               for p in m.experts.parameters()}
     arrays = {}
     for name, param in model.named_parameters():
         tau = optimizer.state.get(param, {}).get("tau")
@@ -68,8 +75,11 @@ def collect(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[st
             continue
         if hasattr(tau, "full_tensor"):
             tau = tau.full_tensor()
-        for key, value in order_statistics(tau).items():
-            arrays[f"{name}::{key}"] = value
+        slices = [(f"{name}[{e}]", tau[e]) for e in range(tau.shape[0])] \
+            if id(param) in stacked else []
+        for tensor_name, values in [(name, tau), *slices]:
+            for key, value in order_statistics(values).items():
+                arrays[f"{tensor_name}::{key}"] = value
     return arrays
 
 
