@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from datetime import datetime
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -44,19 +43,6 @@ def pm(mean_se, spec: str = ".4f") -> str:
     if mean_se.n > 1 and not math.isnan(mean_se.se):
         return f"{mean_se.mean:{spec}} ± {mean_se.se:{spec}}"
     return format(mean_se.mean, spec)
-
-
-def wall_seconds(run: records.Run) -> float | None:
-    """From the first start (run.json) to the last status update, for runs never resumed."""
-    try:
-        starts = json.loads((run.path / "run.json").read_text())["starts"]
-        end = json.loads((run.path / "status.json").read_text())["updated"]
-    except (OSError, KeyError, ValueError):
-        return None
-    if len(starts) != 1:
-        return None
-    parse = lambda text: datetime.fromisoformat(text.replace("Z", "+00:00"))  # noqa: E731
-    return (parse(end) - parse(starts[0]["at"])).total_seconds()
 
 
 def best_lr_table(runs: list[records.Run]) -> list[str]:
@@ -178,7 +164,7 @@ def report() -> None:
         text += ["## LR sensitivity", ""] + sensitivity_table(parabolas) + [""]
     if fits:
         text += ["## LR laws fitted on the study's sizes", ""] + law_table(fits, runs) + [""]
-    seconds = [s for s in (wall_seconds(r) for r in complete) if s is not None]
+    seconds = [s for s in (r.wall_seconds for r in complete) if s is not None]
     text += ["## CPU time", "",
              f"{len(seconds)} runs timed: {sum(seconds) / 3600:.2f} hours of run time in all "
              "(two one-thread runs side by side on the 2-core machine, so about the same in "

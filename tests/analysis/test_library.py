@@ -220,3 +220,19 @@ def test_the_best_lr_is_chosen_on_the_seeds_every_lr_has():
     losses = {1e-3: {0: 3.00, 1: 3.20, 2: 3.25}, 2e-3: {0: 3.05}, 4e-3: {0: 3.30}}
     assert seeds.best_lr(losses) == 1e-3  # by seed 0 alone, not 3.15 (mean) against 3.05
     assert seeds.best_lr({1e-3: {1: 3.1}, 2e-3: {2: 3.0}}) == 2e-3  # nothing in common: means
+
+
+def test_wall_time_of_a_run_that_ran_in_one_go(tmp_path):
+    import json
+
+    from fake_runs import write_run
+
+    from danastar.analysis.records import read_run
+
+    run_dir = write_run(tmp_path, "adamw", 2)
+    (run_dir / "status.json").write_text(json.dumps({"updated": "2026-11-23T10:02:30Z"}))
+    (run_dir / "run.json").write_text(json.dumps({"starts": [{"at": "2026-11-23T10:00:00Z"}]}))
+    assert read_run(run_dir).wall_seconds == 150.0
+    (run_dir / "run.json").write_text(json.dumps({"starts": [{"at": "2026-11-23T10:00:00Z"},
+                                                             {"at": "2026-11-23T10:01:00Z"}]}))
+    assert read_run(run_dir).wall_seconds is None  # resumed: the gap between starts is unknown

@@ -154,6 +154,22 @@ class Run:
         return final is not None and int(final["step"]) == self.iterations > 0
 
     @property
+    def wall_seconds(self) -> float | None:
+        """Wall time from the run's first start (run.json) to its last status update, for a run
+        that ran in one go (None if it was resumed, or the files do not say)."""
+        from datetime import datetime
+
+        try:
+            starts = json.loads((self.path / "run.json").read_text())["starts"]
+            first, last = starts[0]["at"], self.status["updated"]
+        except (OSError, KeyError, IndexError, TypeError, ValueError):
+            return None
+        if len(starts) != 1:
+            return None
+        return (datetime.fromisoformat(last.replace("Z", "+00:00"))
+                - datetime.fromisoformat(first.replace("Z", "+00:00"))).total_seconds()
+
+    @property
     def state(self) -> str:
         if self.complete:
             return COMPLETE
