@@ -527,7 +527,7 @@ def experts(snapshots: Sequence[expert_stats.Snapshot]):
                     ha="right", va="center", fontsize=7, color="0.4")
         tau_ax.set_ylabel("mean τ of the expert's coordinates")
         tau_ax.set_title(f"(a) τ per expert vs routing share{layers_note}", fontsize=9)
-    norm_ax.set_ylabel("weight norm of the expert (up, gate, down together)")
+    norm_ax.set_ylabel("weight norm of the expert (all its matrices together)")
     norm_ax.set_title(f"({'b' if with_tau else 'a'}) weight norm per expert vs routing "
                       f"share{layers_note}", fontsize=9)
     for ax in axes:
