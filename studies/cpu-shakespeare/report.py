@@ -4,9 +4,9 @@
 
 Figures: the LR sweep per size, the validation curves at the best LRs, the compute multiplier
 against AdamW within each size (seed error bars) with the steps to AdamW's loss, the LR laws
-fitted on the three sizes, the LR sensitivity. Tables (results.md): best LR per size against
-the scaling law's, the multipliers, the sensitivities, the fitted laws next to the paper's,
-and the CPU time the runs took.
+fitted on the three sizes (freely, and with b held at the paper's), the LR sensitivity.
+Tables (results.md): best LR per size against the scaling law's, the multipliers, the
+sensitivities, the fitted laws next to the paper's, and the CPU time the runs took.
 """
 
 from __future__ import annotations
@@ -89,24 +89,34 @@ def sensitivity_table(parabolas: dict) -> list[str]:
     return lines
 
 
-def law_table(fits: dict, runs: list[records.Run]) -> list[str]:
-    lines = ["| optimizer | fitted a, b, d (95% bootstrap) | paper's a, b, d | "
-             "fitted / paper's LR at h4 | at h12 (P = 84.9M) |", "|---|---|---|---|---|"]
-    for group, fit in fits.items():
+def law_table(fits: dict, held: dict, runs: list[records.Run]) -> list[str]:
+    """Each optimizer's law fitted freely (a, b, d) and with b held at the paper's, next to the
+    paper's law, with the ratio of the fitted LR to the paper's at 4 and at 12 heads."""
+    lines = ["| optimizer | fit | a, b, d | 95% bootstrap | paper's a, b, d | "
+             "fitted / paper's LR at h4 | at h12 (P = 84.9M) |", "|---|---|---|---|---|---|---|"]
+    for group in sorted(set(fits) | set(held)):
         base = group.split(" ")[0]
         kappa = next((r.kappa for r in runs if r.group == group and r.kappa is not None), 0.85)
         paper = scaling.lr_law_coefficients("enoki", base, global_batch=32, kappa=kappa)
-        intervals = ", ".join(f"{name} [{low:.3g}, {high:.3g}]"
-                              for name, (low, high) in fit.interval.items())
-        cells = [f"{fit.a:.3g}, {fit.b:.3g}, {fit.d:.3f} ({intervals})"]
-        if paper is None:
-            cells += ["–", "–", "–"]
-        else:
-            a, b, d = paper[0]
-            cells.append(f"{a:.3g}, {b:.3g}, {d:.3f}")
-            for params in (12 * 256 ** 2 * 3, 12 * 768 ** 2 * 12):
-                cells.append(f"{fit.lr(params) / (a * (b + params) ** d):.2f}")
-        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+        for how, fit in (("a, b, d free", fits.get(group)), ("b held at the paper's",
+                                                             held.get(group))):
+            if fit is None:
+                continue
+            if fit.has_interval:
+                intervals = ", ".join(f"{name} [{low:.3g}, {high:.3g}]"
+                                      for name, (low, high) in fit.interval.items()
+                                      if not (fit.fixed_b and name == "b"))
+            else:
+                intervals = f"none ({len(fit.points)} sizes: resamples only reorder them)"
+            cells = [how, f"{fit.a:.3g}, {fit.b:.3g}, {fit.d:.3f}", intervals]
+            if paper is None:
+                cells += ["–", "–", "–"]
+            else:
+                a, b, d = paper[0]
+                cells.append(f"{a:.3g}, {b:.3g}, {d:.3f}")
+                for params in (12 * 256 ** 2 * 3, 12 * 768 ** 2 * 12):
+                    cells.append(f"{fit.lr(params) / (a * (b + params) ** d):.2f}")
+            lines.append(f"| {group} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -152,6 +162,14 @@ def report() -> None:
         return made
 
     figure("lrlaw", law_figure)
+    held: dict = {}
+
+    def held_law_figure():
+        made, found = plots.lrlaw_figure(runs, k=5, bootstrap=1000, seed=0, b_from_paper=True)
+        held.update(found)
+        return made
+
+    figure("lrlaw_paper_b", held_law_figure)
     text += ["## Best LR per size", ""] + best_lr_table(runs) + [""]
     try:
         results = budgets.within_size_multipliers(runs, BASELINE)
@@ -162,8 +180,9 @@ def report() -> None:
         text += [f"*Multipliers: not computed yet: {error}*", ""]
     if parabolas:
         text += ["## LR sensitivity", ""] + sensitivity_table(parabolas) + [""]
-    if fits:
-        text += ["## LR laws fitted on the study's sizes", ""] + law_table(fits, runs) + [""]
+    if fits or held:
+        text += ["## LR laws fitted on the study's sizes", ""] + law_table(fits, held, runs)
+        text += [""]
     seconds = [s for s in (r.wall_seconds for r in complete) if s is not None]
     text += ["## CPU time", "",
              f"{len(seconds)} runs timed: {sum(seconds) / 3600:.2f} hours of run time in all "

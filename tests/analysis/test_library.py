@@ -142,6 +142,34 @@ def test_lr_law_fit_recovers_known_law_and_its_interval_covers_it():
     assert row.startswith("adamw: [{a: ") and "d: -0.5" in row
 
 
+def test_lr_law_on_exactly_three_sizes_has_no_interval_unless_b_is_held():
+    a, b, d = 12.8, 1.67e4, -0.515
+    points = [p for p in _synthetic_sweeps(a, b, d, seed=2) if p.params in (2e5, 6e5, 2e6)]
+    free = lrlaw.fit_lr_law(points, bootstrap=200, predict_at=[1e7])
+    # every resample of 3 sizes with 3 distinct ones is the same 3 reordered: no spread to show
+    assert not free.has_interval and free.bootstrap_samples == 0
+    assert all(math.isnan(low) and math.isnan(high) for low, high in free.interval.values())
+    assert all(math.isnan(v) for v in free.predictions[1e7][1:])
+    held = lrlaw.fit_lr_law(points, bootstrap=200, predict_at=[1e7], b=b)
+    assert held.fixed_b and held.b == b and held.has_interval and held.bootstrap_samples > 100
+    assert held.d == pytest.approx(d, abs=0.05)
+    assert held.lr(1e7) == pytest.approx(a * (b + 1e7) ** d, rel=0.1)
+    for name, value in (("a", held.a), ("d", held.d)):  # the resamples spread around the fit
+        low, high = held.interval[name]
+        assert low < value < high, (name, low, value, high)
+    assert held.interval["b"] == (b, b)
+    # with b held, the fit is the weighted least squares of log γ on log(b + P): check it
+    chosen = [p for ps in held.points.values() for p in ps]
+    w = np.array([p.weight ** 2 * p.params for p in chosen])
+    x = np.log(b + np.array([p.params for p in chosen]))
+    y = np.log([p.lr for p in chosen])
+    slope = np.sum(w * (x - np.average(x, weights=w)) * (y - np.average(y, weights=w))) / \
+        np.sum(w * (x - np.average(x, weights=w)) ** 2)
+    assert held.d == pytest.approx(slope, rel=1e-9)
+    with pytest.raises(ValueError, match="2 or more sizes"):
+        lrlaw.fit_lr_law([p for p in points if p.params == 2e5], b=b)
+
+
 def test_lr_law_top_k_merges_close_lrs_and_keeps_the_nearest_omega():
     points = [lrlaw.SweepPoint(1e5, 1e-3, 3.0), lrlaw.SweepPoint(1e5, 1.04e-3, 2.9),
               lrlaw.SweepPoint(1e5, 2e-3, 3.1), lrlaw.SweepPoint(1e5, 4e-3, 2.0, omega=8.0)]

@@ -13,6 +13,12 @@ from danastar.cli import main
 pytest.importorskip("matplotlib")
 
 
+def has_band(ax) -> bool:
+    from matplotlib.collections import PolyCollection  # fill_between's
+
+    return any(isinstance(c, PolyCollection) for c in ax.collections)
+
+
 def labelled(ax):
     return [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
 
@@ -74,6 +80,25 @@ def test_lrlaw_figure_and_its_scaling_rules_row(sweep, tmp_path, capsys):
                  "--out", str(tmp_path / "law")]) == 0
     out = capsys.readouterr().out
     assert "adamw: [{a: " in out and "dana-star-mk4: [{kappa: 0.85, a: " in out
+    # 3 sizes fit 3 parameters exactly: no band, and the command says why
+    assert "no bootstrap interval: with 3 sizes" in out
+    assert not any(has_band(ax) for ax in figure.axes)
+
+
+def test_lrlaw_with_b_from_the_paper_fits_a_and_d_with_a_band(sweep, tmp_path, capsys):
+    runs = records.find_runs([sweep])
+    figure, fitted = plots.lrlaw_figure(runs, bootstrap=50, b_from_paper=True)
+    law = fitted["adamw"]
+    assert law.fixed_b and law.b == pytest.approx(1.67e4) and law.has_interval
+    assert law.d == pytest.approx(-0.515, abs=0.1)
+    for ax in figure.axes:
+        assert has_band(ax)  # the 95% bootstrap band
+        labels = [line.get_label() for line in ax.get_lines()]
+        assert any(label.endswith("(b: paper's)") for label in labels)
+    assert main(["plot", "lrlaw", str(sweep), "--bootstrap", "20", "--b_from_paper",
+                 "--out", str(tmp_path / "law")]) == 0
+    out = capsys.readouterr().out
+    assert "# adamw: 95% intervals a [" in out and " b [" not in out
 
 
 def test_lr_sensitivity_figure(sweep):

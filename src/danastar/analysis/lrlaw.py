@@ -4,6 +4,11 @@ Per size: keep the runs at the ω closest to the target, merge LRs within 5% (lo
 take the top K by final loss with rank weights K…1. Fit log γ = log a + d·log(b + P) on every
 size's top-K points with weights w²·P, a and b kept positive (fitted as logs), from a = 10,
 b = 3e4, d = −0.5. Intervals: percentile bootstrap over sizes (seeded).
+
+Three free parameters need three sizes, and with exactly three every resample that can be fitted
+is the same three sizes reordered: such a fit has no interval (NaN), not a zero-width one. With b
+held fixed (e.g. at the paper's b, for a few nearby sizes that cannot pin it down) two parameters
+remain: two sizes suffice and three already give a bootstrap.
 """
 
 from __future__ import annotations
@@ -56,17 +61,21 @@ def law(a: float, b: float, d: float, params: float | np.ndarray) -> np.ndarray:
     return a * (b + np.asarray(params, dtype=float)) ** d
 
 
-def _fit(points: Sequence[WeightedPoint]) -> tuple[float, float, float]:
+def _fit(points: Sequence[WeightedPoint], b: float | None = None) -> tuple[float, float, float]:
     params = np.array([p.params for p in points])
     log_lr = np.log([p.lr for p in points])
     weights = np.array([p.weight for p in points]) ** 2 * params
     sqrt_w = np.sqrt(weights / weights.sum())
+    a0, b0, d0 = START
+    if b is not None:  # log γ is linear in (log a, d): one exact weighted least-squares solve
+        design = np.stack([np.ones_like(params), np.log(b + params)], axis=1) * sqrt_w[:, None]
+        (log_a, d), *_ = np.linalg.lstsq(design, sqrt_w * log_lr, rcond=None)
+        return float(math.exp(log_a)), float(b), float(d)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         log_a, log_b, d = theta
         return sqrt_w * (log_a + d * np.log(np.exp(log_b) + params) - log_lr)
 
-    a0, b0, d0 = START
     # b within [1, 1e12] and d within [−3, 1]: a resample of few sizes can leave b undetermined,
     # and the fit must not run off to values whose exponentials overflow
     solution = least_squares(residuals, [math.log(a0), math.log(b0), d0], method="trf",
@@ -85,6 +94,11 @@ class LRLawFit:
     predictions: dict[float, tuple[float, float, float]]  # P -> (γ, low, high)
     points: dict[float, list[WeightedPoint]]  # the top-K points used, per size
     samples: np.ndarray  # (a, b, d) of each bootstrap resample that could be fitted
+    fixed_b: bool = False  # b was given, not fitted
+
+    @property
+    def has_interval(self) -> bool:
+        return len(self.samples) > 0
 
     @property
     def bootstrap_samples(self) -> int:
@@ -109,30 +123,36 @@ class LRLawFit:
 
 
 def fit_lr_law(points: Sequence[SweepPoint], *, k: int = 5, omega: float = 4.0,
-               bootstrap: int = 1000, seed: int = 0,
-               predict_at: Sequence[float] = ()) -> LRLawFit:
-    """Fit the LR law with bootstrap intervals (see the module docstring). Needs ≥ 3 sizes."""
+               bootstrap: int = 1000, seed: int = 0, predict_at: Sequence[float] = (),
+               b: float | None = None) -> LRLawFit:
+    """Fit the LR law with bootstrap intervals (see the module docstring); b held at the given
+    value if one is given. Needs ≥ 3 sizes (≥ 2 with b given)."""
     chosen = top_k(points, k=k, omega=omega)
     sizes = list(chosen)
-    if len(sizes) < 3:
-        raise ValueError(f"an LR law a·(b+P)^d needs sweeps at 3 or more sizes, got {len(sizes)}")
-    a, b, d = _fit([p for size in sizes for p in chosen[size]])
+    free = 3 if b is None else 2
+    if len(sizes) < free:
+        raise ValueError(f"an LR law a·(b+P)^d with {free} free parameters needs sweeps at "
+                         f"{free} or more sizes, got {len(sizes)}")
+    a, b_fit, d = _fit([p for size in sizes for p in chosen[size]], b)
     rng = np.random.default_rng(seed)
     samples = []
-    for _ in range(bootstrap):
+    # with as many sizes as free parameters, each fittable resample only reorders the sizes
+    for _ in range(bootstrap if len(sizes) > free else 0):
         drawn = rng.choice(len(sizes), size=len(sizes), replace=True)
-        if len(set(drawn.tolist())) < 3:  # three parameters need three distinct sizes
+        if len(set(drawn.tolist())) < free:  # each free parameter needs its own size
             continue
-        samples.append(_fit([p for i in drawn for p in chosen[sizes[i]]]))
+        samples.append(_fit([p for i in drawn for p in chosen[sizes[i]]], b))
     arr = np.array(samples) if samples else np.full((1, 3), np.nan)
     interval = {name: (float(np.percentile(arr[:, i], 2.5)), float(np.percentile(arr[:, i], 97.5)))
                 for i, name in enumerate("abd")}
     predictions = {}
     for size in predict_at:
         spread = law(arr[:, 0], arr[:, 1], arr[:, 2], size)
-        predictions[float(size)] = (float(law(a, b, d, size)), float(np.percentile(spread, 2.5)),
+        predictions[float(size)] = (float(law(a, b_fit, d, size)),
+                                    float(np.percentile(spread, 2.5)),
                                     float(np.percentile(spread, 97.5)))
-    return LRLawFit(a, b, d, interval, predictions, chosen, np.array(samples).reshape(-1, 3))
+    return LRLawFit(a, b_fit, d, interval, predictions, chosen, np.array(samples).reshape(-1, 3),
+                    fixed_b=b is not None)
 
 
 def sweep_points(rows: Sequence[Mapping[str, float]]) -> list[SweepPoint]:

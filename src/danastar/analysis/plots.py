@@ -249,18 +249,32 @@ def _by_optimizer(runs: Sequence[Run]) -> dict[str, list[Run]]:
     return dict(sorted(groups.items()))
 
 
+def paper_b(run: Run) -> float | None:
+    """The b of the paper's LR law for this run's architecture, optimizer, batch and κ."""
+    from danastar import scaling  # noqa: PLC0415 (imports torch; only this option needs it)
+
+    found = scaling.lr_law_coefficients(run.arch, run.optimizer, global_batch=run.global_batch,
+                                        kappa=run.kappa if run.kappa is not None else 0.85)
+    return None if found is None else found[0][1]
+
+
 def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = 4.0,
-                 bootstrap: int = 1000, seed: int = 0):
+                 bootstrap: int = 1000, seed: int = 0, b_from_paper: bool = False):
     """LR against P = 12·d²·L, log-log, one panel per optimizer: the top-K points coloured by
     size and sized by weight, the others grey, the fitted law dashed with its bootstrap band
-    and its predictions at 4x and 16x the largest size. Returns (figure, {optimizer: fit})."""
+    and its predictions at 4x and 16x the largest size. With ``b_from_paper``, b is held at the
+    paper's law's b (a and d fitted), for a few nearby sizes that cannot pin b down.
+    Returns (figure, {optimizer: fit})."""
     groups = _by_optimizer(budgets.lr_sweep_runs(complete_runs(runs, "an LR law")))
-    fittable = {g: rs for g, rs in groups.items() if len({r.lr_law_params for r in rs}) >= 3}
+    fixed = {g: paper_b(rs[0]) if b_from_paper else None for g, rs in groups.items()}
+    fittable = {g: rs for g, rs in groups.items()
+                if len({r.lr_law_params for r in rs}) >= (3 if fixed[g] is None else 2)}
     if not fittable:
         counts = ", ".join(f"{g}: {len({r.lr_law_params for r in rs})}"
                            for g, rs in groups.items())
         raise UserError(f"an LR law a·(b+P)^d needs complete LR sweeps at 3 or more sizes of one "
-                        f"optimizer, found {counts}; add sizes to the sweep.")
+                        f"optimizer (2 with b from the paper's law), found {counts}; add sizes "
+                        "to the sweep.")
     from matplotlib import colormaps
 
     figure, axes = _figure(5.5, 4.5, ncols=len(fittable))
@@ -270,7 +284,7 @@ def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = 4.0,
                   for r in group_runs]
         largest = max(p.params for p in points)
         fit = lrlaw.fit_lr_law(points, k=k, omega=omega, bootstrap=bootstrap, seed=seed,
-                               predict_at=[4 * largest, 16 * largest])
+                               predict_at=[4 * largest, 16 * largest], b=fixed[group])
         results[group] = fit
         chosen = {(p.params, p.lr) for ps in fit.points.values() for p in ps}
         others = [p for p in points if (p.params, p.lr) not in chosen]
@@ -283,18 +297,25 @@ def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = 4.0,
                        color=cmap(i / max(1, len(fit.points) - 1)),
                        edgecolor="black", linewidth=0.3)
         grid = np.geomspace(min(p.params for p in points) / 2, 20 * largest, 200)
-        low, high = fit.band(grid)
         base = group_runs[0].optimizer
-        ax.fill_between(grid, low, high, color=colour(base), alpha=0.15, label="95% bootstrap")
+        if fit.has_interval:
+            low, high = fit.band(grid)
+            ax.fill_between(grid, low, high, color=colour(base), alpha=0.15,
+                            label="95% bootstrap")
+        held = " (b: paper's)" if fit.fixed_b else ""
         ax.plot(grid, fit.lr(grid), "--", color=colour(base),
-                label=f"{fit.a:.3g}·({fit.b:.3g}+P)^{fit.d:.3f}")
+                label=f"{fit.a:.3g}·({fit.b:.3g}+P)^{fit.d:.3f}{held}")
         sizes = sorted(fit.predictions)
         preds = np.array([fit.predictions[s] for s in sizes])
-        # the point estimate can sit just outside the percentile interval: clip at zero
-        below = np.maximum(preds[:, 0] - preds[:, 1], 0.0)
-        above = np.maximum(preds[:, 2] - preds[:, 0], 0.0)
-        ax.errorbar(sizes, preds[:, 0], yerr=[below, above], fmt="x", color=colour(base),
-                    capsize=3, label="predicted (95%)")
+        if fit.has_interval:
+            # the point estimate can sit just outside the percentile interval: clip at zero
+            below = np.maximum(preds[:, 0] - preds[:, 1], 0.0)
+            above = np.maximum(preds[:, 2] - preds[:, 0], 0.0)
+            ax.errorbar(sizes, preds[:, 0], yerr=[below, above], fmt="x", color=colour(base),
+                        capsize=3, label="predicted (95%)")
+        else:
+            ax.plot(sizes, preds[:, 0], "x", color=colour(base),
+                    label=f"predicted (no interval: {len(fit.points)} sizes)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("non-embedding parameters P (12·d²·L)")

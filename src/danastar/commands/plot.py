@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bootstrap", type=int, default=1000,
                         help="lrlaw: bootstrap resamples of the sizes (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="lrlaw: bootstrap seed (default 0)")
+    parser.add_argument("--b_from_paper", action="store_true",
+                        help="lrlaw: hold b at the paper's law's b and fit a and d only (for a "
+                             "few nearby sizes, which cannot pin b down)")
     parser.add_argument("--min_lrs", type=int, default=5,
                         help="lr-sensitivity: distinct LRs a parabola needs (default 5, >= 3)")
     parser.add_argument("--param", default=None, metavar="NAME",
@@ -83,12 +86,18 @@ def main(argv: list[str]) -> int:
         figure = plots.curves(runs, x=args.x)
     elif args.kind == "lrlaw":
         figure, fits = plots.lrlaw_figure(runs, k=args.top_k, omega=args.omega,
-                                          bootstrap=args.bootstrap, seed=args.seed)
+                                          bootstrap=args.bootstrap, seed=args.seed,
+                                          b_from_paper=args.b_from_paper)
         for group, fit in fits.items():
             base = group.split(" ")[0]
             kappa = next((r.kappa for r in runs if r.group == group), None)
-            print(f"# {group}: 95% intervals " + ", ".join(
-                f"{name} [{low:.3g}, {high:.3g}]" for name, (low, high) in fit.interval.items()))
+            if fit.has_interval:
+                print(f"# {group}: 95% intervals " + ", ".join(
+                    f"{name} [{low:.3g}, {high:.3g}]" for name, (low, high)
+                    in fit.interval.items() if not (fit.fixed_b and name == "b")))
+            else:
+                print(f"# {group}: no bootstrap interval: with {len(fit.points)} sizes every "
+                      "resample only reorders them; add a size")
             print(fit.rules_row(base, kappa))
     else:
         figure, parabolas = plots.lr_sensitivity(runs, min_lrs=args.min_lrs)
