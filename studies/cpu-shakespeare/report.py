@@ -120,6 +120,27 @@ def law_table(fits: dict, held: dict, runs: list[records.Run]) -> list[str]:
     return lines
 
 
+def cpu_time(complete: list[records.Run]) -> str:
+    """The run time of the complete runs: measured for those that ran in one go, and for resumed
+    ones (whose wall time includes the pause) the mean of the one-go runs of their size and
+    budget."""
+    timed: dict[tuple, list[float]] = {}
+    for run in complete:
+        if run.wall_seconds is not None:
+            timed.setdefault((run.size, run.iterations), []).append(run.wall_seconds)
+    measured = sum(sum(v) for v in timed.values())
+    resumed = [r for r in complete if r.wall_seconds is None]
+    estimated = sum(sum(timed[key]) / len(timed[key]) for r in resumed
+                    if (key := (r.size, r.iterations)) in timed)
+    count = sum(len(v) for v in timed.values())
+    return (f"{count} runs ran in one go: {measured / 3600:.2f} hours of run time, mean "
+            f"{measured / max(1, count):.0f} s per run. {len(resumed)} runs were interrupted and "
+            f"resumed; at the mean of the one-go runs of their size and budget they add about "
+            f"{estimated / 3600:.2f} hours: about {(measured + estimated) / 3600:.1f} run-hours "
+            "in all. Two one-thread runs trained side by side on the 2-core machine, so the "
+            f"machine was busy about {(measured + estimated) / 7200:.1f} hours.")
+
+
 def report() -> None:
     runs = records.find_runs([RECORDS])
     complete = [r for r in runs if r.complete]
@@ -183,12 +204,7 @@ def report() -> None:
     if fits or held:
         text += ["## LR laws fitted on the study's sizes", ""] + law_table(fits, held, runs)
         text += [""]
-    seconds = [s for s in (r.wall_seconds for r in complete) if s is not None]
-    text += ["## CPU time", "",
-             f"{len(seconds)} runs timed: {sum(seconds) / 3600:.2f} hours of run time in all "
-             "(two one-thread runs side by side on the 2-core machine, so about the same in "
-             "core-hours), mean "
-             f"{sum(seconds) / max(1, len(seconds)):.0f} s per run.", ""]
+    text += ["## CPU time", "", cpu_time(complete), ""]
     (OUT / "results.md").write_text("\n".join(text))
     print("wrote", (OUT / "results.md").relative_to(ROOT))
 
