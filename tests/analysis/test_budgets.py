@@ -105,5 +105,8 @@ def test_cli_table_and_figure(study, tmp_path):
     left, right = figure.axes
     assert "multiplier" in left.get_ylabel() and "steps" in right.get_ylabel()
     assert [t.get_text() for t in left.get_xticklabels()][0].startswith("h2")
+    for ax in (left, right):  # one legend entry per optimizer, whatever the sizes
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert len(labels) == len(set(labels)) and "AdamW" in labels
     plots.save(figure, tmp_path / "within")
     assert (tmp_path / "within.png").stat().st_size > 10_000

@@ -391,7 +391,7 @@ def within_size(results: Sequence[budgets.BudgetMultiplier], baseline: str = "ad
         base = group.split(" ")[0]
         main_steps = {r.heads: max((x for x in rows if x.heads == r.heads),
                                    key=lambda x: len(x.seeds)).iterations for r in rows}
-        labelled = False
+        labelled = right_labelled = False
         for r in rows:
             x = sizes.index(r.heads) + offset
             main = r.iterations == main_steps[r.heads]
@@ -404,14 +404,15 @@ def within_size(results: Sequence[budgets.BudgetMultiplier], baseline: str = "ad
             if main and r.steps_fraction is not None:
                 fse = 0.0 if math.isnan(r.steps_fraction.se) else r.steps_fraction.se
                 right.errorbar(x, r.steps_fraction.mean, yerr=fse, fmt="o", color=colour(base),
-                               capsize=3, label=_label(group, base))
+                               capsize=3, label=None if right_labelled else _label(group, base))
+                right_labelled = True
             elif main:
                 missed.append(f"{_label(group, base)} at h{r.heads}")
     ticks = [f"h{h}\n{_params_label(next(r for r in results if r.heads == h).total_params)}"
              for h in sizes]
     if missed:
-        right.text(0.02, 0.02, "never reached it: " + ", ".join(missed), fontsize=7,
-                   transform=right.transAxes, wrap=True)
+        right.text(0.02, 0.02, "never reached it:\n" + "\n".join(missed), fontsize=7,
+                   transform=right.transAxes, va="bottom")
     for ax in (left, right):
         ax.axhline(1.0, color=colour(baseline), linewidth=1, label=display_name(baseline))
         ax.set_xlim(-0.5, len(sizes) - 0.5)
