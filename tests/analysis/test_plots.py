@@ -71,6 +71,8 @@ def test_lrlaw_figure_and_its_scaling_rules_row(sweep, tmp_path, capsys):
         assert ax.get_ylabel() == "peak learning rate"
         dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
         assert len(dashed) == 1 and dashed[0].get_label().count("P)^") == 1
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert {"h4: top 5", "h6: top 5", "h8: top 5"} <= set(legend)  # which colour is which
     # the synthetic optimum is the table's own law; with 5 LRs a factor 2 apart the rank
     # weights (5…1, squared) pull the fit toward whichever neighbour ranks second, by up to ~20%
     for size in (2.4e6, 7e6, 1.9e7):

@@ -291,11 +291,13 @@ def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = 4.0,
         ax.scatter([p.params for p in others], [p.lr for p in others], c="lightgrey", s=15,
                    label="other LRs")
         cmap = colormaps["viridis"]
-        for i, ps in enumerate(fit.points.values()):
+        heads = {r.lr_law_params: r.heads for r in group_runs}
+        for i, (params, ps) in enumerate(fit.points.items()):
             ax.scatter([p.params for p in ps], [p.lr for p in ps],
                        s=[12 * p.weight for p in ps],
                        color=cmap(i / max(1, len(fit.points) - 1)),
-                       edgecolor="black", linewidth=0.3)
+                       edgecolor="black", linewidth=0.3,
+                       label=f"h{heads.get(int(params), '?')}: top {len(ps)}")
         grid = np.geomspace(min(p.params for p in points) / 2, 20 * largest, 200)
         base = group_runs[0].optimizer
         if fit.has_interval:
