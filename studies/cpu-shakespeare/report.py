@@ -66,7 +66,8 @@ def multiplier_table(results: list[budgets.BudgetMultiplier]) -> list[str]:
     for r in results:
         mark = " (extrapolated)" if r.extrapolated else ""
         unpaired = "" if r.paired else " (seed-mean curve)"
-        steps = "not reached" if r.steps_fraction is None else pm(r.steps_fraction, ".0%")
+        missed = "not reached" if len(r.seeds) == 1 else "not by every seed"
+        steps = missed if r.steps_fraction is None else pm(r.steps_fraction, ".0%")
         lines.append(f"| {r.optimizer} | {r.heads} | {r.iterations} | {len(r.seeds)} | "
                      f"{pm(r.losses)} | {pm(r.multiplier, '.2f')}{mark}{unpaired} | {steps} |")
     return lines
