@@ -63,13 +63,13 @@ def run_training(config: TrainConfig) -> int:
     """Train in this process. A user error that every rank raises is printed by rank 0 alone;
     Ctrl-C pressed twice (or before training starts) stops at once with exit 130, no traceback."""
     from danastar.errors import UserError
-    from danastar.launch.local import is_main_process
+    from danastar.launch.local import is_main_process, under_torchrun
     from danastar.train.signals import INTERRUPTED_EXIT_CODE
 
     try:
         from danastar.train.loop import train
 
-        return train(config)
+        code = train(config)
     except UserError as error:
         if getattr(error, "reported_by_rank_0", False):
             return error.exit_code
@@ -80,6 +80,23 @@ def run_training(config: TrainConfig) -> int:
                   "left half-written: run the same command again to resume from the last one.",
                   file=sys.stderr, flush=True)
         return INTERRUPTED_EXIT_CODE
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        leave_worker(code)
+    return code
+
+
+def leave_worker(code: int) -> None:
+    """End a distributed worker whose run is over: every file is closed, every collective done
+    and the process group destroyed, but the model, its meshes and sharded modules still hold
+    the group, and the interpreter's exit would tear it down again, which now and then aborts
+    inside gloo's threads ("terminate called without an active exception") and fails the job
+    after a complete run. Flush what is buffered and leave without that second teardown."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def dry_run(config: TrainConfig, world_size: int | None = None) -> dict:

@@ -61,7 +61,9 @@ def train(config: TrainConfig) -> int:
     env = parallel.setup_distributed(config)
     warm_up_cpu_math(env.device)  # before any forward pass: see determinism.py
     with contextlib.ExitStack() as cleanup:  # closes what `run` opens, also when it raises
-        cleanup.callback(parallel.teardown)
+        # last out: after a run that ended normally every rank meets before the process group
+        # goes, so that none tears gloo down while another may still be talking to it
+        cleanup.push(lambda kind, *_: parallel.teardown(synchronize=kind is None))
         return run(config, env, cleanup)
 
 

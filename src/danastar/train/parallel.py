@@ -287,6 +287,10 @@ def barrier() -> None:
         dist.barrier()
 
 
-def teardown() -> None:
+def teardown(synchronize: bool = False) -> None:
+    """Destroy the process group; first a barrier if ``synchronize`` (not after an error, where
+    a rank that failed would leave the others waiting at it)."""
     if dist.is_available() and dist.is_initialized():
+        if synchronize:
+            dist.barrier()
         dist.destroy_process_group()
