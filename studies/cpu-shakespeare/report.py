@@ -24,7 +24,6 @@ BASELINE = "adamw"
 
 sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without installing
 
-from danastar import scaling  # noqa: E402
 from danastar.analysis import budgets, plots, records, sensitivity, table  # noqa: E402
 from danastar.errors import UserError  # noqa: E402
 
@@ -96,24 +95,18 @@ def law_table(fits: dict, held: dict, runs: list[records.Run]) -> list[str]:
     lines = ["| optimizer | fit | a, b, d | 95% bootstrap | paper's a, b, d | "
              "fitted / paper's LR at h4 | at h12 (P = 84.9M) |", "|---|---|---|---|---|---|---|"]
     for group in sorted(set(fits) | set(held)):
-        base = group.split(" ")[0]
-        kappa = next((r.kappa for r in runs if r.group == group and r.kappa is not None), 0.85)
-        paper = scaling.lr_law_coefficients("enoki", base, global_batch=32, kappa=kappa)
+        paper = plots.paper_law(next(r for r in runs if r.group == group))
         for how, fit in (("a, b, d free", fits.get(group)), ("b held at the paper's",
                                                              held.get(group))):
             if fit is None:
                 continue
-            if fit.has_interval:
-                intervals = ", ".join(f"{name} [{low:.3g}, {high:.3g}]"
-                                      for name, (low, high) in fit.interval.items()
-                                      if not (fit.fixed_b and name == "b"))
-            else:
-                intervals = f"none ({len(fit.points)} sizes: resamples only reorder them)"
+            intervals = (fit.interval_text()
+                         or f"none ({len(fit.points)} sizes: resamples only reorder them)")
             cells = [how, f"{fit.a:.3g}, {fit.b:.3g}, {fit.d:.3f}", intervals]
             if paper is None:
                 cells += ["–", "–", "–"]
             else:
-                a, b, d = paper[0]
+                a, b, d = paper
                 cells.append(f"{a:.3g}, {b:.3g}, {d:.3f}")
                 for params in (12 * 256 ** 2 * 3, 12 * 768 ** 2 * 12):
                     cells.append(f"{fit.lr(params) / (a * (b + params) ** d):.2f}")
@@ -176,22 +169,19 @@ def report() -> None:
         return made
 
     figure("lr_sensitivity", sensitivity_figure)
-    fits: dict = {}
+    fits: dict = {}  # the laws fitted freely
+    held: dict = {}  # and with b held at the paper's
 
-    def law_figure():
-        made, found = plots.lrlaw_figure(runs, k=5, bootstrap=1000, seed=0)
-        fits.update(found)
-        return made
+    def law_figure(found: dict, b_from_paper: bool):
+        def make():
+            made, fitted = plots.lrlaw_figure(runs, k=5, bootstrap=1000, seed=0,
+                                              b_from_paper=b_from_paper)
+            found.update(fitted)
+            return made
+        return make
 
-    figure("lrlaw", law_figure)
-    held: dict = {}
-
-    def held_law_figure():
-        made, found = plots.lrlaw_figure(runs, k=5, bootstrap=1000, seed=0, b_from_paper=True)
-        held.update(found)
-        return made
-
-    figure("lrlaw_paper_b", held_law_figure)
+    figure("lrlaw", law_figure(fits, False))
+    figure("lrlaw_paper_b", law_figure(held, True))
     text += ["## Best LR per size", ""] + best_lr_table(runs) + [""]
     try:
         results = budgets.within_size_multipliers(runs, BASELINE)

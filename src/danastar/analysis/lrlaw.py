@@ -100,6 +100,14 @@ class LRLawFit:
     def has_interval(self) -> bool:
         return len(self.samples) > 0
 
+    def interval_text(self) -> str | None:
+        """The fitted parameters' 95% intervals as text (b left out when it was held); None
+        without a bootstrap."""
+        if not self.has_interval:
+            return None
+        return ", ".join(f"{name} [{low:.3g}, {high:.3g}]" for name, (low, high)
+                         in self.interval.items() if not (self.fixed_b and name == "b"))
+
     @property
     def bootstrap_samples(self) -> int:
         return len(self.samples)

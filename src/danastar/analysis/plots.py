@@ -249,13 +249,15 @@ def _by_optimizer(runs: Sequence[Run]) -> dict[str, list[Run]]:
     return dict(sorted(groups.items()))
 
 
-def paper_b(run: Run) -> float | None:
-    """The b of the paper's LR law for this run's architecture, optimizer, batch and κ."""
-    from danastar import scaling  # noqa: PLC0415 (imports torch; only this option needs it)
+def paper_law(run: Run) -> tuple[float, float, float] | None:
+    """The (a, b, d) of the paper's LR law for this run's architecture, optimizer, batch and κ
+    (None if it has none)."""
+    from danastar import scaling  # noqa: PLC0415 (imports torch; only the laws need it)
 
+    kappa = {} if run.kappa is None else {"kappa": run.kappa}
     found = scaling.lr_law_coefficients(run.arch, run.optimizer, global_batch=run.global_batch,
-                                        kappa=run.kappa if run.kappa is not None else 0.85)
-    return None if found is None else found[0][1]
+                                        **kappa)
+    return None if found is None else found[0]
 
 
 def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = 4.0,
@@ -266,7 +268,8 @@ def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = 4.0,
     paper's law's b (a and d fitted), for a few nearby sizes that cannot pin b down.
     Returns (figure, {optimizer: fit})."""
     groups = _by_optimizer(budgets.lr_sweep_runs(complete_runs(runs, "an LR law")))
-    fixed = {g: paper_b(rs[0]) if b_from_paper else None for g, rs in groups.items()}
+    laws = {g: paper_law(rs[0]) if b_from_paper else None for g, rs in groups.items()}
+    fixed = {g: None if law is None else law[1] for g, law in laws.items()}
     fittable = {g: rs for g, rs in groups.items()
                 if len({r.lr_law_params for r in rs}) >= (3 if fixed[g] is None else 2)}
     if not fittable:

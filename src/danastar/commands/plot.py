@@ -92,9 +92,7 @@ def main(argv: list[str]) -> int:
             base = group.split(" ")[0]
             kappa = next((r.kappa for r in runs if r.group == group), None)
             if fit.has_interval:
-                print(f"# {group}: 95% intervals " + ", ".join(
-                    f"{name} [{low:.3g}, {high:.3g}]" for name, (low, high)
-                    in fit.interval.items() if not (fit.fixed_b and name == "b")))
+                print(f"# {group}: 95% intervals {fit.interval_text()}")
             else:
                 print(f"# {group}: no bootstrap interval: with {len(fit.points)} sizes every "
                       "resample only reorders them; add a size")
