@@ -9,3 +9,14 @@ class UserError(Exception):
     """
 
     exit_code = 2
+    # Raised alike by every rank of a distributed run (a decision broadcast from rank 0): the
+    # ranks may meet once more before the process group goes, and rank 0 alone prints it.
+    raised_by_every_rank = False
+    reported_by_rank_0 = False
+
+    @classmethod
+    def on_every_rank(cls, message: str, is_main: bool) -> "UserError":
+        error = cls(message)
+        error.raised_by_every_rank = True
+        error.reported_by_rank_0 = not is_main  # one message, not one per process
+        return error

@@ -62,16 +62,25 @@ def main(argv: list[str]) -> int:
 def run_training(config: TrainConfig) -> int:
     """Train in this process. A user error that every rank raises is printed by rank 0 alone;
     Ctrl-C pressed twice (or before training starts) stops at once with exit 130, no traceback."""
+    from danastar.launch.local import under_torchrun
+
+    code = train_here(config)
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        leave_worker(code)  # also after a refusal or Ctrl-C: the group is gone either way
+    return code
+
+
+def train_here(config: TrainConfig) -> int:
     from danastar.errors import UserError
-    from danastar.launch.local import is_main_process, under_torchrun
+    from danastar.launch.local import is_main_process
     from danastar.train.signals import INTERRUPTED_EXIT_CODE
 
     try:
         from danastar.train.loop import train
 
-        code = train(config)
+        return train(config)
     except UserError as error:
-        if getattr(error, "reported_by_rank_0", False):
+        if error.reported_by_rank_0:
             return error.exit_code
         raise
     except KeyboardInterrupt:
@@ -80,14 +89,11 @@ def run_training(config: TrainConfig) -> int:
                   "left half-written: run the same command again to resume from the last one.",
                   file=sys.stderr, flush=True)
         return INTERRUPTED_EXIT_CODE
-    if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
-        leave_worker(code)
-    return code
 
 
 def leave_worker(code: int) -> None:
-    """End a distributed worker whose run is over: every file is closed, every collective done
-    and the process group destroyed, but the model, its meshes and sharded modules still hold
+    """End a distributed worker whose run is over (complete, stopped or refused): every file is
+    closed and the process group destroyed, but the model, its meshes and sharded modules still hold
     the group, and the interpreter's exit would tear it down again, which now and then aborts
     inside gloo's threads ("terminate called without an active exception") and fails the job
     after a complete run. Flush what is buffered and leave without that second teardown."""

@@ -386,9 +386,7 @@ class Checkpointer:
             dist.broadcast_object_list(box, src=0)
             chosen, problem = box[0]
         if problem is not None:
-            error = UserError(problem)
-            error.reported_by_rank_0 = self.rank != 0  # one message, not one per rank
-            raise error
+            raise UserError.on_every_rank(problem, self.rank == 0)
         return chosen
 
     def find_latest_here(self) -> Optional[Found]:
@@ -449,14 +447,11 @@ class Checkpointer:
         state."""
         expected = "dcp" if self.sharded else "single"
         if found.layout != expected:
-            error = UserError(
+            raise UserError.on_every_rank(  # every rank finds it; one says it
                 f"checkpoint {found.path} was written by a "
                 f"{'sharded (FSDP or --ep_size)' if found.layout == 'dcp' else 'single-file'} "
                 f"run; resume it with the same --distributed_backend and --ep_size, or pass "
-                f"--no_auto_resume."
-            )
-            error.reported_by_rank_0 = self.rank != 0  # every rank finds it; one says it
-            raise error
+                f"--no_auto_resume.", self.rank == 0)
         if found.layout == "single":
             state = torch.load(found.path / STATE_FILE, map_location="cpu", weights_only=False)
             model.load_state_dict(state["model"])

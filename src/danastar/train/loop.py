@@ -61,9 +61,11 @@ def train(config: TrainConfig) -> int:
     env = parallel.setup_distributed(config)
     warm_up_cpu_math(env.device)  # before any forward pass: see determinism.py
     with contextlib.ExitStack() as cleanup:  # closes what `run` opens, also when it raises
-        # last out: after a run that ended normally every rank meets before the process group
-        # goes, so that none tears gloo down while another may still be talking to it
-        cleanup.push(lambda kind, *_: parallel.teardown(synchronize=kind is None))
+        # last out: after a run that ended normally (or was refused alike on every rank) every
+        # rank meets before the process group goes, so that none tears gloo down while another
+        # may still be talking to it
+        cleanup.push(lambda kind, error, _: parallel.teardown(
+            synchronize=kind is None or getattr(error, "raised_by_every_rank", False)))
         return run(config, env, cleanup)
 
 
@@ -415,9 +417,7 @@ def open_run_dir(run_dir: Path, identity: dict, config: TrainConfig, checkpointe
         torch.distributed.broadcast_object_list(box, src=0)
         start, problem = box[0]
     if problem is not None:
-        error = UserError(problem)
-        error.reported_by_rank_0 = not env.is_main  # one message, not one per process
-        raise error
+        raise UserError.on_every_rank(problem, env.is_main)
     return start
 
 
