@@ -4,6 +4,7 @@ or torchrun)."""
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -70,7 +71,9 @@ def run_train(args, run_dir, torchrun=0, timeout=300) -> subprocess.CompletedPro
 
 
 def start_train(args, run_dir, torchrun=0) -> subprocess.Popen:
-    # Its own session, so that the whole process tree (torchrun and workers) can be signalled.
+    # Its own session, so that the whole process tree (torchrun and workers) can be signalled,
+    # with Ctrl-C live as in a terminal: a shell's background job (`pytest ... &`) inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt until training sets its own handler.
     return subprocess.Popen(
         command(args, run_dir, torchrun),
         env=environment(),
@@ -78,6 +81,7 @@ def start_train(args, run_dir, torchrun=0) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
