@@ -39,7 +39,7 @@ RECORDS = HERE / "records"
 RECORD_FILES = ("plan.json", "config.yaml", "metrics.jsonl", "run.json", "status.json",
                 "sweep_point.json")
 SIZES = (2, 3, 4)
-OPTIMIZERS = ("adamw", "adamw-decaying-wd", "adana", "dana-star-mk4")
+OPTIMIZERS = ("adamw", "adamw-decaying-wd", "adana", "dana-mk4", "dana-star-mk4")
 BASELINE = "adamw"
 SEEDS = (0, 1, 2)
 EPOCH_STEPS = 462  # 1,892,697 training tokens / (32 x 128) tokens per step
