@@ -10,6 +10,14 @@ import pytest
 from local_slurm import LocalSlurm, Munge, why_not_available
 
 
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist, every test of the local SLURM runs in one test process, which starts
+    the cluster once (a session fixture is per process)."""
+    for item in items:
+        if "munge" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture(scope="session")
 def munge():
     reason = why_not_available()
