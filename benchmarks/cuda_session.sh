@@ -70,7 +70,8 @@ stage_moe() {
 }
 
 stage_tests() {
-  "$python" -m pytest -q -m cuda -p no:cacheprovider tests/optim/test_optim_cuda.py \
+  # one process on the one GPU, with or without pytest-xdist there (addopts asks for two)
+  "$python" -m pytest -q -m cuda -p no:cacheprovider -o addopts=-ra tests/optim/test_optim_cuda.py \
     tests/train/test_train_cuda.py
 }
 
