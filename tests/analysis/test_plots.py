@@ -62,6 +62,18 @@ def test_curves_figure_has_one_line_per_run(sweep):
     assert len(legend) == 6 and legend[0] == "AdamW enoki h4"
 
 
+def test_a_long_curves_legend_goes_beside_the_axes(tmp_path):
+    """Over the axes, a legend of many entries would hide the curves' first points."""
+    for opt in ("adamw", "adana", "dana-star-mk4"):
+        for heads in (4, 6, 8):
+            write_run(tmp_path, opt, heads)
+    figure = plots.curves(records.find_runs([tmp_path]))
+    (ax,) = figure.axes
+    assert ax.get_legend() is None and len(figure.legends) == 1
+    assert len(figure.legends[0].get_texts()) == 9
+    assert figure.get_size_inches()[0] > 10
+
+
 def test_lrlaw_figure_and_its_scaling_rules_row(sweep, tmp_path, capsys):
     runs = records.find_runs([sweep])
     figure, fitted = plots.lrlaw_figure(runs, bootstrap=50)

@@ -205,7 +205,11 @@ def curves(runs: Sequence[Run], x: str = "compute"):
     ax.set_xlabel({"compute": "compute (PFH)", "tokens": "tokens", "steps": "steps"}[x])
     ax.set_ylabel("validation loss")
     ax.grid(True, which="both", alpha=0.2)
-    ax.legend(fontsize=7, ncols=2)
+    if len(seen) > 8:  # beside the axes, on a wider figure: over them it hides the first points
+        figure.set_size_inches(10.5, 4.5)
+        figure.legend(fontsize=7, loc="outside right upper")
+    else:
+        ax.legend(fontsize=7, ncols=2)
     ax.set_title("Validation loss (one colour per optimizer, darker = larger)", fontsize=9)
     return figure
 
