@@ -33,6 +33,13 @@ def test_plot_command_writes_png_and_pdf(sweep, tmp_path, capsys):
     assert "R² = " in capsys.readouterr().out
 
 
+def test_the_same_figure_saved_twice_is_the_same_file(sweep, tmp_path):
+    figure = plots.curves(records.find_runs([sweep]))
+    first = [path.read_bytes() for path in plots.save(figure, tmp_path / "a")]
+    second = [path.read_bytes() for path in plots.save(figure, tmp_path / "b")]
+    assert first == second  # no creation date in the PDF
+
+
 def test_scaling_figure(sweep):
     best = table.best_per_size(records.find_runs([sweep]))
     figure = plots.scaling(best, "adamw")

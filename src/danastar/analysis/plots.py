@@ -82,13 +82,15 @@ def _plain_log_axis(axis) -> None:
 
 
 def save(figure, out: Path) -> list[Path]:
-    """Write ``out`` with a .png and a .pdf suffix (whatever suffix it had); returns both."""
+    """Write ``out`` with a .png and a .pdf suffix (whatever suffix it had); returns both. The
+    PDF carries no creation date, so that the same figure is the same file (a rebuilt report
+    changes only where its figures do)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     written = []
-    for suffix in (".png", ".pdf"):
+    for suffix, metadata in ((".png", None), (".pdf", {"CreationDate": None})):
         path = out.with_suffix(suffix)
-        figure.savefig(path, dpi=150)
+        figure.savefig(path, dpi=150, metadata=metadata)
         written.append(path)
     return written
 
