@@ -11,7 +11,7 @@ import signal
 import sys
 
 from danastar import __version__
-from danastar.errors import UserError
+from danastar.errors import UserError, report
 
 # subcommand -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             raise KeyboardInterrupt
         return int(module.main(rest) or 0)
     except UserError as error:
-        print(f"danastar {command}: {error}", file=sys.stderr)
-        return error.exit_code
+        return report(error, command)
     except KeyboardInterrupt:  # Ctrl-C: the shell's code, no traceback
         print(f"\ndanastar {command}: interrupted (Ctrl-C).", file=sys.stderr)
         return 130

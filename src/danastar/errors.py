@@ -1,5 +1,7 @@
 """Errors a user can cause, reported as one sentence and exit code 2 by the command line."""
 
+import sys
+
 
 class UserError(Exception):
     """A problem with the user's input (flag, file, data, checkpoint) rather than a bug.
@@ -20,3 +22,9 @@ class UserError(Exception):
         error.raised_by_every_rank = True
         error.reported_by_rank_0 = not is_main  # one message, not one per process
         return error
+
+
+def report(error: UserError, command: str) -> int:
+    """Say ``error`` as the command line does (one line on stderr); returns its exit code."""
+    print(f"danastar {command}: {error}", file=sys.stderr, flush=True)
+    return error.exit_code

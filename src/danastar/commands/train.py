@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from danastar.config import (
     TrainConfig,
@@ -27,7 +28,7 @@ from danastar.config import (
     schedule_options,
 )
 from danastar.data.prepared import META_FILE, RAW_META, prepared_format
-from danastar.errors import UserError
+from danastar.errors import UserError, report
 
 
 def main(argv: list[str]) -> int:
@@ -64,14 +65,16 @@ def run_training(config: TrainConfig) -> int:
     Ctrl-C pressed twice (or before training starts) stops at once with exit 130, no traceback."""
     from danastar.launch.local import under_torchrun
 
-    code = train_here(config)
-    if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
-        leave_worker(code)  # also after a refusal or Ctrl-C: the group is gone either way
-    return code
+    if not (under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1):
+        return train_here(config)
+    try:
+        code = train_here(config)
+    except UserError as error:  # said here, so that rank 0 too leaves through leave_worker
+        code = report(error, "train")
+    leave_worker(code)  # after a complete run, a stop, a refusal or Ctrl-C alike
 
 
 def train_here(config: TrainConfig) -> int:
-    from danastar.errors import UserError
     from danastar.launch.local import is_main_process
     from danastar.train.signals import INTERRUPTED_EXIT_CODE
 
@@ -91,7 +94,7 @@ def train_here(config: TrainConfig) -> int:
         return INTERRUPTED_EXIT_CODE
 
 
-def leave_worker(code: int) -> None:
+def leave_worker(code: int) -> NoReturn:
     """End a distributed worker whose run is over (complete, stopped or refused): every file is
     closed and the process group destroyed, but the model, its meshes and sharded modules still hold
     the group, and the interpreter's exit would tear it down again, which now and then aborts
