@@ -193,7 +193,7 @@ def horizon_tasks(optimizer: str, rank: int) -> tuple[list[Task], dict[int, Best
     """Every sweep of one optimizer's horizon chain that can be written now, and its best LRs."""
     tasks, bests = [], {}
     centre = None
-    for order, horizon in enumerate(HORIZONS):
+    for horizon in HORIZONS:
         if horizon != 1 and centre is None:
             break
         grid = (FIRST_GRID if horizon == 1
