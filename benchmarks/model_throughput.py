@@ -180,7 +180,8 @@ def optimizer_step_seconds(model: nn.Module, steps: int) -> float:
     """Median seconds of one ADana step (compiled) over ``model``'s parameters and gradients."""
     from danastar.optim import ADana
 
-    optimizer = ADana(model.parameters(), lr=1e-4, weight_decay=0.1, impl="compiled")
+    optimizer = ADana(model.parameters(), lr=1e-4, weight_decay=4e-3, wd_ts=1000,
+                      impl="compiled")
     times = []
     for i in range(steps + 2):  # two warm-up steps create the state and compile
         synchronize(next(model.parameters()).device)

@@ -44,21 +44,23 @@ CANDIDATES = {
     "adamw foreach (torch)": (lambda ps, lr: torch.optim.AdamW(ps, lr=lr, foreach=True), 2,
                               True),
 }
+# A decaying weight decay (the paper's ω = 4 for a 10 000-step run: λ = 4e-3, time scale 1000);
+# the decay is one per-step scalar, so its value does not change the work of a step.
+DECAY = dict(weight_decay=4e-3, wd_ts=1000)
 for impl in ("foreach", "compiled", "reference"):
     CANDIDATES |= {
-        f"adana {impl}": (lambda ps, lr, i=impl: ADana(ps, lr=lr, weight_decay=0.1, impl=i), 2,
-                          False),
-        f"dana-mk4 {impl}": (lambda ps, lr, i=impl: ADana(ps, lr=lr, clipsnr=2.0,
-                                                          weight_decay=0.1, impl=i), 2, False),
-        f"dana-star {impl}": (lambda ps, lr, i=impl: DanaStar(ps, lr=lr, weight_decay=0.1,
-                                                              impl=i), 3, False),
+        f"adana {impl}": (lambda ps, lr, i=impl: ADana(ps, lr=lr, **DECAY, impl=i), 2, False),
+        f"dana-mk4 {impl}": (lambda ps, lr, i=impl: ADana(ps, lr=lr, clipsnr=2.0, **DECAY,
+                                                          impl=i), 2, False),
+        f"dana-star {impl}": (lambda ps, lr, i=impl: DanaStar(ps, lr=lr, **DECAY, impl=i), 3,
+                              False),
         f"dana-star-mk4 {impl}": (lambda ps, lr, i=impl: DanaStar(
-            ps, lr=lr, clipsnr=2.0, weight_decay=0.1, impl=i), 3, False),
+            ps, lr=lr, clipsnr=2.0, **DECAY, impl=i), 3, False),
     }
 for impl in ("compiled", "reference"):
     CANDIDATES |= {
         f"adamw-decaying-wd {impl}": (lambda ps, lr, i=impl: AdamWDecayingWD(
-            ps, lr=lr, weight_decay=0.1, impl=i), 2, False),
+            ps, lr=lr, **DECAY, impl=i), 2, False),
         f"ademamix {impl}": (lambda ps, lr, i=impl: AdEMAMix(ps, lr=lr, impl=i), 3, False),
     }
 BASELINE = "adamw fused (torch)"

@@ -80,7 +80,8 @@ def measure(arch: str, heads: int, batch: int, seq_len: int, device, search: boo
         model = build_model(config)
     for block in model.blocks:  # as `danastar train --compile` does
         block.compile()
-    optimizer = ADana(model.parameters(), lr=1e-4, weight_decay=0.1, impl="compiled")
+    optimizer = ADana(model.parameters(), lr=1e-4, weight_decay=4e-3, wd_ts=1000,
+                      impl="compiled")
     params = sum(p.numel() for p in model.parameters())
     one_step(model, optimizer, batch, seq_len, config.vocab_size, device)  # compile, create state
     peak = one_step(model, optimizer, batch, seq_len, config.vocab_size, device)
