@@ -14,8 +14,8 @@ registry's to say (``danastar.optim.registry``).
 * mixtures of experts (a heuristic: the fitted laws are dense): the LR law at the active count
   ``P_act = 12·d²·L + L_m·(k+S−1)·P_x`` and ``N`` the active parameters with the embeddings
   (``moe_budget="active"``, the default) or all of them (``"total"``);
-* weight decay from ω: independent (``wd_ts = ⌊T/10⌋``, ``λ = ω/wd_ts``) or coupled
-  (``λ = ω/(γ*·T)``).
+* weight decay from ω: independent (``wd_ts = ⌊T/10⌋``, ``λ = ω/wd_ts``, the optimizers' own
+  ``danastar.optim.log_time_weight_decay``) or coupled (``λ = ω/(γ*·T)``).
 
 ``make_plan`` returns all of it as one :class:`Plan`.
 """
@@ -43,6 +43,7 @@ from danastar.models.config import (
 )
 from danastar.optim import registry
 from danastar.optim.dana_family import DEFAULT_CLIPSNR, DEFAULT_DELTA, DEFAULT_KAPPA
+from danastar.optim.weight_decay import log_time_weight_decay
 
 REFERENCE_BATCH = 32  # the global batch of the main LR table, and the fallback for any other
 DEFAULT_OMEGA = 4.0  # weight-decay strength ω
@@ -325,9 +326,8 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
     wd_ts = None
     weight_decay = 0.0
     if style == "independent":
-        # max(1, ·) keeps runs shorter than 10 steps finite; the rule itself is ⌊T/10⌋
-        wd_ts = overrides.get("wd_ts", max(1, iterations // budget["wd_ts_divisor"]))
-        weight_decay = omega / wd_ts
+        # the optimizers' own paper form: wd_ts = ⌊T/10⌋ (at least 1), λ = ω/wd_ts
+        weight_decay, wd_ts = log_time_weight_decay(omega, iterations, overrides.get("wd_ts"))
     elif style == "coupled":
         weight_decay = omega / (lr * iterations)
     weight_decay = float(overrides.get("weight_decay", weight_decay))

@@ -15,6 +15,8 @@ OPTIMIZERS = {
     "dana-star-mk4": lambda params, **kw: DanaStar(params, clipsnr=2.0, **kw),
     "adamw-decaying-wd": lambda params, **kw: AdamWDecayingWD(params, **kw),
     "ademamix": lambda params, **kw: AdEMAMix(params, alpha_warmup=20, beta3_warmup=20, **kw),
+    "ademamix-decaying-wd": lambda params, **kw: AdEMAMix(params, alpha_warmup=20,
+                                                          beta3_warmup=20, decaying_wd=True, **kw),
 }
 each_optimizer = pytest.mark.parametrize("name", list(OPTIMIZERS))
 
@@ -53,7 +55,7 @@ def test_loss_decreases(name):
 @each_optimizer
 def test_state_dict_round_trip_continues_bitwise(name):
     params, loss_fn = problem()
-    optimizer = OPTIMIZERS[name](params, lr=0.05, weight_decay=0.1)
+    optimizer = OPTIMIZERS[name](params, lr=0.05, weight_decay=0.1, wd_ts=10)
     run(optimizer, loss_fn, 5)
     buffer = io.BytesIO()
     torch.save(optimizer.state_dict(), buffer)
@@ -64,7 +66,7 @@ def test_state_dict_round_trip_continues_bitwise(name):
     with torch.no_grad():
         for twin, param in zip(twin_params, params):
             twin.copy_(param)
-    twin = OPTIMIZERS[name](twin_params, lr=0.05, weight_decay=0.1)
+    twin = OPTIMIZERS[name](twin_params, lr=0.05, weight_decay=0.1, wd_ts=10)
     twin.load_state_dict(saved)
     assert run(twin, twin_loss_fn, 5) == run(optimizer, loss_fn, 5)
     for a, b in zip(twin_params, params):
@@ -74,7 +76,7 @@ def test_state_dict_round_trip_continues_bitwise(name):
 @each_optimizer
 def test_param_groups_with_their_own_lr_and_weight_decay(name):
     """Each group behaves exactly as if it had an optimizer of its own with its settings."""
-    settings = [{"lr": 0.05, "weight_decay": 0.2}, {"lr": 0.01, "weight_decay": 0.0}]
+    settings = [{"lr": 0.05, "weight_decay": 0.2, "wd_ts": 10}, {"lr": 0.01, "weight_decay": 0.0}]
 
     def fresh():
         return [torch.linspace(-1, 1, 6).requires_grad_(), torch.linspace(0, 2, 4).requires_grad_()]
@@ -103,7 +105,7 @@ def test_param_groups_with_their_own_lr_and_weight_decay(name):
 @each_optimizer
 def test_none_grad_skips_the_tensor_and_its_step_count(name):
     first, second = torch.ones(4, requires_grad=True), torch.ones(4, requires_grad=True)
-    optimizer = OPTIMIZERS[name]([first, second], lr=0.1, weight_decay=0.1)
+    optimizer = OPTIMIZERS[name]([first, second], lr=0.1, weight_decay=0.1, wd_ts=10)
     for _ in range(3):
         first.grad, second.grad = torch.full((4,), 0.5), None
         optimizer.step()
@@ -115,7 +117,7 @@ def test_none_grad_skips_the_tensor_and_its_step_count(name):
     first.grad = None
     optimizer.step()
     fresh_param = torch.ones(4, requires_grad=True)
-    fresh = OPTIMIZERS[name]([fresh_param], lr=0.1, weight_decay=0.1)
+    fresh = OPTIMIZERS[name]([fresh_param], lr=0.1, weight_decay=0.1, wd_ts=10)
     fresh_param.grad = torch.full((4,), 0.5)
     fresh.step()
     assert torch.equal(second.detach(), fresh_param.detach())
@@ -127,10 +129,10 @@ def test_torch_lr_scheduler_matches_apply_schedule(name):
     (the decaying weight decay reads the factor as lr / initial_lr)."""
     factors = [0.1, 0.55, 1.0, 0.8, 0.4, 0.2]
     with_scheduler, loss_a = problem()
-    optimizer_a = OPTIMIZERS[name](with_scheduler, lr=0.05, weight_decay=0.3)
+    optimizer_a = OPTIMIZERS[name](with_scheduler, lr=0.05, weight_decay=0.3, wd_ts=10)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer_a, lambda step: factors[step])
     with_helper, loss_b = problem()
-    optimizer_b = OPTIMIZERS[name](with_helper, lr=0.05, weight_decay=0.3)
+    optimizer_b = OPTIMIZERS[name](with_helper, lr=0.05, weight_decay=0.3, wd_ts=10)
     for step in range(len(factors) - 1):
         run(optimizer_a, loss_a, 1)
         scheduler.step()
@@ -150,7 +152,7 @@ def test_torch_lr_scheduler_matches_apply_schedule(name):
 ], ids=["step", "cosine", "sequential"])
 def test_works_with_torch_schedulers(make_scheduler):
     params, loss_fn = problem()
-    optimizer = DanaStar(params, lr=0.05, weight_decay=0.1)
+    optimizer = DanaStar(params, lr=0.05, weight_decay=0.1, wd_ts=10)
     scheduler = make_scheduler(optimizer)
     losses = []
     for _ in range(10):

@@ -64,7 +64,7 @@ def train(model, optimizer, steps):
 ])
 def test_every_name_builds_its_optimizer(name, cls, variant):
     model = TinyLM()
-    optimizer = build_optimizer(name, model.param_groups(0.1), lr=1e-3)
+    optimizer = build_optimizer(name, model.param_groups(1e-4), lr=1e-3)
     assert type(optimizer) is cls
     for group in optimizer.param_groups:
         assert group["initial_lr"] == group["lr"] == 1e-3
@@ -170,6 +170,25 @@ def test_muon_state_dict_round_trip_and_scheduler():
     train(twin, twin_optimizer, 2)
     for a, b in zip(twin.parameters(), model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_muon_trains_bf16_parameters():
+    torch.manual_seed(0)
+    model = TinyLM().to(torch.bfloat16)
+    optimizer = build_optimizer("muon", model.named_parameters(), lr=0.02)
+    idx, targets = torch.arange(12).reshape(3, 4), torch.arange(12).reshape(3, 4).flip(1)
+    losses = []
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(idx).float().flatten(0, 1), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    # torch's Muon and AdamW keep their state in the parameter's dtype
+    assert {v.dtype for s in optimizer.state.values() for k, v in s.items() if k != "step"} == {
+        torch.bfloat16}
 
 
 @pytest.mark.parametrize("cls, clipsnr", [(ADana, None), (ADana, 2.0), (DanaStar, None),

@@ -106,8 +106,9 @@ def test_default_lr_is_torchs_1e_3(name):
 def test_param_groups_weight_decay(name):
     # Every group carries its own lr (and the weight its own weight decay): no default needed.
     (weight, bias), loss_fn = problem()
-    optimizer = OPTIMIZERS[name]([{"params": [weight], "lr": 0.05, "weight_decay": 0.1},
-                                  {"params": [bias], "lr": 0.05, "weight_decay": 0.0}])
+    optimizer = OPTIMIZERS[name]([
+        {"params": [weight], "lr": 0.05, "weight_decay": 0.1, "wd_ts": 10},
+        {"params": [bias], "lr": 0.05, "weight_decay": 0.0}])
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
     losses = run(optimizer, loss_fn, 15)
     assert losses[-1] < 0.8 * losses[0]

@@ -74,7 +74,7 @@ def test_sharded_checkpoint_round_trip_on_cuda(tmp_path):
             for layer in (model[0], model[2]):
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
-            return model, ADana(model.parameters(), lr=1e-2, weight_decay=0.1)
+            return model, ADana(model.parameters(), lr=1e-2, weight_decay=0.1, wd_ts=10)
 
         def step(model, optimizer, seed):
             generator = torch.Generator("cuda").manual_seed(seed)

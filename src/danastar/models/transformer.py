@@ -17,6 +17,7 @@ from danastar.models import moe
 from danastar.models.config import ModelConfig, embedding_params, param_counts
 from danastar.models.layers import KVCache, RMSNorm, rope_frequencies
 from danastar.models.loss import LossOutput, chunked_cross_entropy
+from danastar.optim.weight_decay import param_groups
 
 
 class Transformer(nn.Module):
@@ -112,19 +113,10 @@ class Transformer(nn.Module):
     # -- bookkeeping --------------------------------------------------------------------------
 
     def param_groups(self, weight_decay: float) -> list[dict]:
-        """Two groups: Linear weights (incl. an untied head) and stacked experts decay;
-        embeddings, norms don't."""
-        decayed = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
-        decayed |= {id(p) for m in self.modules() if isinstance(m, moe.Experts)
-                    for p in m.parameters()}
-        decayed.discard(id(self.embed.weight))  # a tied head is the embedding
-        groups = [{"params": [], "names": [], "weight_decay": weight_decay},
-                  {"params": [], "names": [], "weight_decay": 0.0}]
-        for name, param in self.named_parameters():
-            group = groups[0] if id(param) in decayed else groups[1]
-            group["params"].append(param)
-            group["names"].append(name)
-        return groups
+        """Two groups, by the optimizers' rule (``danastar.optim.param_groups``): Linear weights
+        (incl. an untied head) and stacked experts decay; embeddings (a tied head is the
+        embedding), norms and 1-D parameters don't."""
+        return param_groups(self, weight_decay)
 
     def num_params(self, exact: bool = True, non_embedding: bool = False,
                    active: bool = False) -> int:

@@ -1,7 +1,7 @@
 """danastar.optim: the ADana family of optimizers, the baselines, the registry and LR schedules.
 
-    from danastar.optim import ADana, build_optimizer
-    optimizer = ADana(model.parameters(), lr=3e-4)                 # or
+    from danastar.optim import ADana, build_optimizer, param_groups
+    optimizer = ADana(param_groups(model), lr=3e-4, omega=4.0, total_steps=T)   # or
     optimizer = build_optimizer("dana-star-mk4", model.named_parameters(), lr=3e-4)
 """
 
@@ -12,8 +12,9 @@ from .dana_star import DanaStar
 from .muon import MuonWithAdamW
 from .registry import OPTIMIZERS, build_optimizer
 from .schedules import apply_schedule, get_schedule
+from .weight_decay import log_time_weight_decay, param_groups
 
 __all__ = [
     "ADana", "DanaStar", "AdamWDecayingWD", "AdEMAMix", "MuonWithAdamW", "OPTIMIZERS",
-    "build_optimizer", "get_schedule", "apply_schedule",
+    "build_optimizer", "get_schedule", "apply_schedule", "param_groups", "log_time_weight_decay",
 ]

@@ -20,6 +20,7 @@ from .base import (
     working_copy,
     write_back,
 )
+from .weight_decay import check_constant_decay, paper_call, resolve_weight_decay
 
 
 def adamw_decaying_wd_scalars(k, lr, schedule_factor, *, betas, weight_decay, wd_ts):
@@ -50,8 +51,11 @@ class AdamWDecayingWD(PerTensorOptimizer):
         betas: (β1, β2), the EMA coefficients of the gradient and of its square, each in [0, 1).
         eps: added to sqrt(v̂) in the denominator.
         weight_decay: λ of the decay p ← p · (1 − λ · s_t [/ (1 + k / wd_ts)]), where s_t is
-            the schedule factor (current LR / peak LR); not multiplied by the LR.
+            the schedule factor (current LR / peak LR); not multiplied by the LR. A constant λ
+            that would remove more than 5% of a weight in 100 steps is refused, as for ADana.
         wd_ts: time scale of the decay of λ in steps (the paper uses T/10); None keeps λ constant.
+        omega, total_steps: the paper's form instead of ``weight_decay`` and ``wd_ts``, as for
+            :class:`ADana`.
         impl: "reference", "compiled" or None (automatic), as for :class:`ADana`.
     """
 
@@ -62,7 +66,10 @@ class AdamWDecayingWD(PerTensorOptimizer):
     update_constants = ("betas", "eps")
 
     def __init__(self, params, lr=DEFAULT_LR, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 wd_ts=None, impl=None):
+                 wd_ts=None, omega=None, total_steps=None, impl=None):
+        owner = type(self).__name__
+        params, weight_decay, wd_ts = resolve_weight_decay(
+            owner, paper_call(owner), params, weight_decay, wd_ts, omega, total_steps)
         check(len(betas) == 2, f"betas must be (beta1, beta2), got {betas}")
         check_betas(betas)
         check_non_negative(eps=eps, weight_decay=weight_decay)
@@ -70,3 +77,7 @@ class AdamWDecayingWD(PerTensorOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         wd_ts=wd_ts)
         super().__init__(params, defaults, impl)
+
+    def check_param_group(self, group: dict) -> None:
+        owner = type(self).__name__
+        check_constant_decay(owner, paper_call(owner), group)

@@ -87,8 +87,13 @@ class ADana(DanaBase):
             smaller κ gives the momentum more weight as training goes on.
         clipsnr: Dana-MK4's clip of the damping A = α(k)·|m|/D at this value; None: no clip.
         weight_decay: λ of the independent decay p ← p · (1 − λ · s_t [/ (1 + k / wd_ts)]),
-            s_t the schedule factor (current LR / peak LR); not multiplied by the LR.
+            s_t the schedule factor (current LR / peak LR); not multiplied by the LR. A
+            constant λ (no ``wd_ts``) that would remove more than 5% of a weight in 100 steps
+            (λ > 5.1e-4, e.g. AdamW's habitual 0.1) is refused.
         wd_ts: time scale of the decay of λ in steps (the paper uses T/10); None: constant λ.
+        omega, total_steps: the paper's form instead of ``weight_decay`` and ``wd_ts``:
+            ``wd_ts = total_steps // 10`` and ``weight_decay = omega / wd_ts`` (ω = 4 in the
+            paper; total_steps is the run's length T in optimizer steps).
         eps: added to sqrt(v) in the denominator D.
         impl: the path: "reference" (plain per-tensor loop, any dtype), "foreach"
             (torch._foreach_* multi-tensor ops), "compiled" (torch.compile over the group's

@@ -21,6 +21,7 @@ from .base import (
     working_copy,
     write_back,
 )
+from .weight_decay import check_constant_decay, paper_call, resolve_weight_decay
 
 
 def half_life(beta: float) -> float:
@@ -76,7 +77,10 @@ class AdEMAMix(PerTensorOptimizer):
         weight_decay: λ. Coupled (AdamW's p ← p − lr·λ·p) unless ``decaying_wd``.
         wd_ts: with ``decaying_wd``, the time scale of the decay of λ in steps; None: constant.
         decaying_wd: use the DANA family's independent decay p ← p · (1 − λ·s_t [/ (1 + k/wd_ts)])
-            (s_t the schedule factor), applied before the update.
+            (s_t the schedule factor), applied before the update; a constant λ that would
+            remove more than 5% of a weight in 100 steps is refused, as for ADana.
+        omega, total_steps: with ``decaying_wd``, the paper's form instead of ``weight_decay``
+            and ``wd_ts``, as for :class:`ADana`.
         impl: "reference", "compiled" or None (automatic), as for :class:`ADana`.
     """
 
@@ -89,7 +93,14 @@ class AdEMAMix(PerTensorOptimizer):
 
     def __init__(self, params, lr=DEFAULT_LR, *, betas=(0.9, 0.999, 0.9999), alpha=5.0,
                  alpha_warmup=None, beta3_warmup=None, eps=1e-8, weight_decay=0.0, wd_ts=None,
-                 decaying_wd=False, impl=None):
+                 decaying_wd=False, omega=None, total_steps=None, impl=None):
+        call = paper_call("AdEMAMix", "decaying_wd=True, ")
+        if not decaying_wd and (omega is not None or total_steps is not None):
+            raise ValueError(f"AdEMAMix: omega and total_steps set the decaying weight decay, so "
+                             f"they need decaying_wd=True: {call}; the coupled decay "
+                             "(decaying_wd=False) is weight_decay alone")
+        params, weight_decay, wd_ts = resolve_weight_decay(
+            "AdEMAMix", call, params, weight_decay, wd_ts, omega, total_steps)
         check(len(betas) == 3, f"betas must be (beta1, beta2, beta3), got {betas}")
         check_betas(betas)
         check_non_negative(alpha=alpha)
@@ -100,3 +111,8 @@ class AdEMAMix(PerTensorOptimizer):
                         beta3_warmup=beta3_warmup, eps=eps, weight_decay=weight_decay,
                         wd_ts=wd_ts, decaying_wd=bool(decaying_wd))
         super().__init__(params, defaults, impl)
+
+    def check_param_group(self, group: dict) -> None:
+        if group["decaying_wd"]:  # the coupled decay is AdamW's, scaled by the LR
+            check_constant_decay("AdEMAMix", paper_call("AdEMAMix", "decaying_wd=True, "),
+                                 group)

@@ -229,6 +229,15 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         group = self.param_groups[-1]
         # The peak LR gamma*; torch LR schedulers use setdefault on this key, so they keep it.
         group.setdefault("initial_lr", group["lr"])
+        try:
+            self.check_param_group(group)
+        except ValueError:
+            self.param_groups.pop()  # a refused group is not kept
+            raise
+
+    def check_param_group(self, group: dict) -> None:
+        """Refuse a group (with the defaults filled in) whose settings together are a mistake;
+        raises ValueError. Subclasses with the independent weight decay check it here."""
 
     def scalars_for(self, group: dict, k: float) -> dict[str, float]:
         """The per-step scalars of a tensor of ``group`` at step ``k``."""

@@ -14,6 +14,7 @@ from .base import (
     check_non_negative,
     check_positive_or_none,
 )
+from .weight_decay import check_constant_decay, paper_call, resolve_weight_decay
 
 DEFAULT_DELTA = 8.0  # damping δ of the EMA coefficient a_k = δ / (δ + k)
 DEFAULT_KAPPA = 0.85  # log-time exponent κ of the Nesterov factor (1 + k)^(1 - κ)
@@ -54,11 +55,21 @@ class DanaBase(PerTensorOptimizer):
     float32_scalars = True  # the kernel's 1 - a_k is at least 1 / (1 + delta), 1/9 by default
 
     def __init__(self, params, lr=DEFAULT_LR, *, delta=DEFAULT_DELTA, kappa=DEFAULT_KAPPA,
-                 clipsnr=None, weight_decay=0.0, wd_ts=None, eps=1e-8, impl=None):
+                 clipsnr=None, weight_decay=0.0, wd_ts=None, omega=None, total_steps=None,
+                 eps=1e-8, impl=None):
+        owner = type(self).__name__
+        params, weight_decay, wd_ts = resolve_weight_decay(
+            owner, paper_call(owner), params, weight_decay, wd_ts, omega, total_steps)
         check_dana_hyperparameters(lr, delta, kappa, clipsnr, weight_decay, wd_ts, eps)
+        # The paper's form is stored as what it derives (weight_decay, wd_ts), so state_dict and
+        # load_state_dict carry it like the explicit form.
         defaults = dict(lr=lr, delta=delta, kappa=kappa, clipsnr=clipsnr,
                         weight_decay=weight_decay, wd_ts=wd_ts, eps=eps)
         super().__init__(params, defaults, impl)
+
+    def check_param_group(self, group: dict) -> None:
+        owner = type(self).__name__
+        check_constant_decay(owner, paper_call(owner), group)
 
     def diagnostic_terms(self, state: dict, k: float, group: dict) -> dict:
         raise NotImplementedError

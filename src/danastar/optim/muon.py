@@ -3,7 +3,8 @@
 Hidden matrices get Muon (momentum 0.95 with Nesterov, five Newton-Schulz iterations, the update
 scaled with ``adjust_lr_fn="match_rms_adamw"`` so one LR serves both): ``torch.optim.Muon``'s
 algorithm, extended to stacked matrices (E, out, in) — a mixture of experts' weights — whose E
-slices are orthogonalised one by one, as E separate matrices would be.
+slices are orthogonalised one by one, as E separate matrices would be. Under FSDP2 and tensor
+parallelism each matrix is orthogonalised whole, never shard by shard (`orthogonalise`).
 Token embeddings (names ending in ``embed.weight``), the output head (``lm_head.weight``) and all
 1-D parameters go to ``torch.optim.AdamW`` with betas (0.8, 0.999). Both use coupled weight
 decay; every incoming group keeps its own ``weight_decay``.
@@ -12,6 +13,7 @@ decay; every incoming group keeps its own ``weight_decay``.
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 ADAMW_ONLY_SUFFIXES = ("embed.weight", "lm_head.weight")
@@ -21,6 +23,39 @@ def uses_muon(name: str | None, param: torch.Tensor) -> bool:
     """Whether a parameter is a hidden weight matrix or a stack of them (Muon) rather than
     AdamW's."""
     return param.ndim in (2, 3) and not (name is not None and name.endswith(ADAMW_ONLY_SUFFIXES))
+
+
+def holds_whole_matrices(tensor: DTensor) -> bool:
+    """Whether every rank's shard of a DTensor stack (E, out, in) holds whole (out, in) matrices:
+    it is split along its first dimension only (as FSDP2 and expert parallelism split experts)."""
+    return tensor.ndim == 3 and all(
+        placement.is_replicate() or (type(placement) is Shard and placement.dim == 0)
+        for placement in tensor.placements)
+
+
+def orthogonalise(update: torch.Tensor, coefficients, steps: int, eps: float) -> torch.Tensor:
+    """Newton-Schulz of each (out, in) matrix of ``update`` (a matrix, or a stack of them).
+
+    Newton-Schulz must see whole matrices: orthogonalising each rank's shard of a matrix is a
+    different function. A sharded DTensor (FSDP2, TP, both) is therefore gathered whole on
+    every rank, orthogonalised there, and each rank keeps its own shard of the result, which
+    needs no communication since every rank computed the same matrix. A stack split only along
+    its first dimension already holds whole matrices on each rank and is done in place. Plain
+    tensors take the path they always took.
+    """
+    if isinstance(update, DTensor):
+        mesh, placements = update.device_mesh, update.placements
+        if holds_whole_matrices(update):
+            local = orthogonalise(update.to_local(), coefficients, steps, eps)
+            return DTensor.from_local(local, mesh, placements, shape=update.shape,
+                                      stride=update.stride())
+        whole = orthogonalise(update.full_tensor(), coefficients, steps, eps)
+        return distribute_tensor(whole, mesh, placements, src_data_rank=None)
+    if update.numel() == 0:  # a rank's empty shard of a stack
+        return update.to(torch.bfloat16)
+    matrices = [_zeropower_via_newtonschulz(matrix, coefficients, steps, eps)
+                for matrix in update.reshape(-1, *update.shape[-2:])]
+    return torch.stack(matrices).view(update.shape)
 
 
 class StackedMuon(torch.optim.Muon):
@@ -51,16 +86,16 @@ class StackedMuon(torch.optim.Muon):
                 if param.grad is None:
                     continue
                 grad = param.grad
+                if isinstance(grad, DTensor) and grad.placements != param.placements:
+                    grad = grad.redistribute(param.device_mesh, param.placements)
                 state = self.state[param]
                 if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(grad)
+                    state["momentum_buffer"] = torch.zeros_like(grad)  # sharded as the param
                 buffer = state["momentum_buffer"]
                 buffer.lerp_(grad, 1 - momentum)
                 update = grad.lerp(buffer, momentum) if group["nesterov"] else buffer
-                matrices = [_zeropower_via_newtonschulz(matrix, group["ns_coefficients"],
-                                                        group["ns_steps"], group["eps"])
-                            for matrix in update.reshape(-1, *update.shape[-2:])]
-                update = torch.stack(matrices).view(update.shape)
+                update = orthogonalise(update, group["ns_coefficients"], group["ns_steps"],
+                                       group["eps"])
                 adjusted_lr = _adjust_lr(lr, group["adjust_lr_fn"], param.shape[-2:])
                 param.mul_(1 - lr * weight_decay)
                 param.add_(update, alpha=-adjusted_lr)
