@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-EXTRAS=${DANASTAR_EXTRAS:-}
+# The 'train' extra always (what `danastar train` needs); DANASTAR_EXTRAS adds more, e.g. dev.
+EXTRAS="train${DANASTAR_EXTRAS:+,${DANASTAR_EXTRAS}}"
 
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv --system-site-packages .venv
@@ -22,9 +23,5 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
         || "$PY" -m pip install -q --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
 fi
 
-if [ -n "$EXTRAS" ]; then
-    "$PY" -m pip install -q -e ".[${EXTRAS}]"
-else
-    "$PY" -m pip install -q -e .
-fi
+"$PY" -m pip install -q -e ".[${EXTRAS}]"
 "$PY" -c "import torch, danastar; print(f'setup: danastar {danastar.__version__} with torch {torch.__version__}')"

@@ -1,7 +1,10 @@
 import subprocess
 import sys
 
-from danastar.cli import SUBCOMMANDS, main
+import pytest
+
+from danastar.cli import COMMAND_EXTRAS, SUBCOMMANDS, main
+from danastar.extras import EXTRA_MODULES, MissingExtra, missing_optional_module
 
 
 def test_help_lists_every_subcommand(capsys):
@@ -22,3 +25,51 @@ def test_module_entry_point_runs():
         [sys.executable, "-m", "danastar", "--version"], capture_output=True, text=True
     )
     assert result.returncode == 0 and result.stdout.strip()
+
+
+def run_without(modules: list[str], argv: list[str]) -> subprocess.CompletedProcess:
+    """The command line in a fresh interpreter where ``modules`` cannot be imported, as in an
+    install without the extra that brings them (tests/test_packaging.py runs a real one)."""
+    code = (f"import sys\nfor name in {modules!r}: sys.modules[name] = None\n"
+            f"from danastar.cli import main\nsys.exit(main({argv!r}))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_command_without_its_extra_names_it_in_one_sentence():
+    for argv, hidden, extra in ((["train", "--dry_run"], ["omegaconf"], "train"),
+                                (["prepare", "shakespeare"], ["tiktoken", "numpy"], "train"),
+                                (["results", "runs"], ["scipy"], "analysis"),
+                                (["theory", "compare"], ["scipy"], "theory")):
+        result = run_without(hidden, argv)
+        assert result.returncode == 2, (argv, result.stderr)
+        assert result.stderr == (f"danastar {argv[0]} needs the {extra!r} extra: "
+                                 f"pip install 'danastar[{extra}]'\n"), (argv, result.stderr)
+
+
+def test_only_a_missing_optional_package_is_an_extra_to_name():
+    assert missing_optional_module(ModuleNotFoundError("x", name="scipy.optimize")) == "scipy"
+    assert missing_optional_module(MissingExtra("danastar.x", "train", "yaml")) == "yaml"
+    # Anything else is a bug or a broken install: the command line lets it raise.
+    assert missing_optional_module(ModuleNotFoundError("x", name="danastar.nothing")) is None
+    assert missing_optional_module(ImportError("cannot import name 'f' from 'numpy'")) is None
+
+
+def test_every_extra_module_is_installed_by_its_extra_in_pyproject():
+    """danastar.extras' import names match pyproject.toml's extras (one source per fact)."""
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]
+    distribution = {"yaml": "pyyaml"}
+    for extra, modules in EXTRA_MODULES.items():
+        names = set()
+        for requirement in extras[extra]:
+            if requirement.startswith("danastar["):
+                for included in requirement[len("danastar["):-1].split(","):
+                    names |= {r.split(">")[0] for r in extras[included]}
+            names.add(requirement.split(">")[0])
+        assert {distribution.get(m, m) for m in modules} <= names, extra
+    assert set(COMMAND_EXTRAS) == set(SUBCOMMANDS) and set(COMMAND_EXTRAS.values()) <= set(
+        EXTRA_MODULES)

@@ -1,3 +1,3 @@
 """danastar: log-time optimizers and a pretraining framework for language models."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

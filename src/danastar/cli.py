@@ -12,6 +12,7 @@ import sys
 
 from danastar import __version__
 from danastar.errors import UserError, report
+from danastar.extras import missing_optional_module, needs_extra
 
 # subcommand -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -33,6 +34,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "danastar.commands.theory",
         "figures of the PLRF model: SGD vs DANA, scaling, exponents, kappa",
     ),
+}
+
+# subcommand -> the extra that installs what it imports (pyproject.toml; danastar.extras): a
+# command run without it says so in one sentence, exit 2.
+COMMAND_EXTRAS: dict[str, str] = {
+    "train": "train", "prepare": "train", "submit": "train", "sweep": "train",
+    "generate": "train", "clusters": "train", "results": "analysis", "plot": "plots",
+    "theory": "theory",
 }
 
 
@@ -66,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(rest) or 0)
     except UserError as error:
         return report(error, command)
+    except ImportError as error:
+        if missing_optional_module(error) is None:
+            raise  # not a missing extra: a bug or a broken install, with its traceback
+        print(needs_extra(f"danastar {command}", COMMAND_EXTRAS[command]), file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C: the shell's code, no traceback
         print(f"\ndanastar {command}: interrupted (Ctrl-C).", file=sys.stderr)
         return 130

@@ -1,0 +1,125 @@
+"""danastar's optimizers in the Hugging Face `Trainer`, with the paper's weight decay.
+
+The log-time weight decay needs the run's length T (``wd_ts = T // 10``, ``weight_decay =
+ω / wd_ts``). Two ways to give the Trainer an optimizer whose T is the Trainer's own:
+
+    from danastar.integrations.hf import DanastarTrainer, optimizer_cls_and_kwargs
+
+    args = TrainingArguments(..., learning_rate=3e-4, max_steps=T)  # weight_decay stays 0
+    trainer = Trainer(model, args, train_dataset=dataset,
+                      optimizer_cls_and_kwargs=optimizer_cls_and_kwargs(model, args, "adana"))
+
+    # or: T from the Trainer once it knows it (max_steps, or the epochs' steps)
+    trainer = DanastarTrainer(model, args, train_dataset=dataset, optimizer_name="adana")
+
+Either way the parameters that `danastar.optim.param_groups` picks decay (not embeddings, norms
+or biases), the peak LR is ``args.learning_rate`` and the schedule is the Trainer's
+(``lr_scheduler_type``, ``warmup_steps``): the optimizer reads its schedule factor as the current
+LR over the peak. The Trainer's checkpoints save and restore the optimizer's state as they do
+AdamW's. An AdamW-style ``TrainingArguments(weight_decay=...)`` is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from danastar.extras import MissingExtra
+
+try:  # first, so that without the extra this says so before importing anything else
+    import transformers
+    from accelerate import Accelerator  # noqa: F401  (the Trainer needs it)
+except ModuleNotFoundError as error:
+    if error.name not in ("transformers", "accelerate"):
+        raise
+    raise MissingExtra("danastar.integrations.hf", "integrations", error.name) from None
+
+import torch
+from torch import nn
+
+from danastar.optim import param_groups
+from danastar.optim.registry import OPTIMIZERS
+
+DEFAULT_OMEGA = 4.0  # the paper's weight-decay strength ω
+# danastar's optimizers with the log-time weight decay whose other settings do not depend on T.
+SUPPORTED = ("adana", "dana-mk4", "dana-star", "dana-star-mk4", "adamw-decaying-wd")
+
+
+def check_trainer_arguments(args: transformers.TrainingArguments, name: str) -> None:
+    """Refuse what the Trainer would pass on wrongly: an unknown optimizer, AdamW's weight decay."""
+    if name not in SUPPORTED:
+        raise ValueError(f"{name!r} is not one of danastar's optimizers with the log-time weight "
+                         f"decay ({', '.join(SUPPORTED)}); for another, pass the Trainer "
+                         "optimizer_cls_and_kwargs=(cls, kwargs) yourself")
+    if args.weight_decay:
+        raise ValueError(
+            f"TrainingArguments(weight_decay={args.weight_decay:g}) is AdamW's decay, scaled by "
+            f"the LR, which {name} does not take: set TrainingArguments(weight_decay=0.0) and "
+            f"give danastar the log-time decay's strength ω instead, e.g. "
+            f"optimizer_cls_and_kwargs(model, args, {name!r}, omega=4.0)")
+
+
+def trainer_optimizer(model: nn.Module, args: transformers.TrainingArguments, name: str,
+                      total_steps: int, omega: float = DEFAULT_OMEGA,
+                      **hparams: Any) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The class and keyword arguments (``params`` included) of the registry's ``name`` for a
+    run of ``total_steps`` optimizer steps: the paper's form ``omega``/``total_steps``, unless
+    ``hparams`` give the explicit ``weight_decay``/``wd_ts``; other ``hparams`` (``kappa``,
+    ``delta``, ``clipsnr``, ...) go to the constructor."""
+    check_trainer_arguments(args, name)
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+        raise ValueError(f"the run's length must be known to set the weight decay of {name}: "
+                         f"TrainingArguments(max_steps=T) with T >= 1, got {total_steps}; or use "
+                         "DanastarTrainer, which takes T from the Trainer's epochs")
+    registered = OPTIMIZERS[name]
+    kwargs: dict[str, Any] = {**registered.variant, "params": param_groups(model),
+                              "lr": args.learning_rate}
+    if "weight_decay" not in hparams and "wd_ts" not in hparams:
+        kwargs.update(omega=omega, total_steps=total_steps)
+    kwargs.update(hparams)
+    return registered.constructor, kwargs
+
+
+def optimizer_cls_and_kwargs(model: nn.Module, args: transformers.TrainingArguments,
+                             name: str = "adana", *, omega: float = DEFAULT_OMEGA,
+                             **hparams: Any) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """For ``Trainer(..., optimizer_cls_and_kwargs=...)``: danastar's ``name`` over ``model``
+    for a run of ``args.max_steps`` steps (which must be set). The Trainer takes the param
+    groups from ``kwargs["params"]`` (and removes them from the dict): build one per Trainer."""
+    return trainer_optimizer(model, args, name, args.max_steps, omega, **hparams)
+
+
+class DanastarTrainer(transformers.Trainer):
+    """A `transformers.Trainer` whose optimizer is danastar's ``optimizer_name`` (default
+    "adana"), built when the Trainer builds its own, for the run's length as the Trainer
+    computed it (``max_steps``, or the epochs times the steps per epoch).
+
+    ``omega`` and ``optimizer_hparams`` are as for `optimizer_cls_and_kwargs`; every other
+    argument is the Trainer's.
+    """
+
+    def __init__(self, *args: Any, optimizer_name: str = "adana", omega: float = DEFAULT_OMEGA,
+                 optimizer_hparams: dict[str, Any] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        check_trainer_arguments(self.args, optimizer_name)  # at once, not when training starts
+        self.optimizer_name = optimizer_name
+        self.omega = omega
+        self.optimizer_hparams = dict(optimizer_hparams or {})
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        self._total_steps = num_training_steps  # transformers 4 builds the optimizer through here
+        super().create_optimizer_and_scheduler(num_training_steps)
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            # The run's length: transformers 5 sets state.max_steps before it builds the
+            # optimizer; transformers 4 passes it to create_optimizer_and_scheduler.
+            total_steps = (self.state.max_steps or getattr(self, "_total_steps", 0)
+                           or self.args.max_steps)
+            cls, kwargs = trainer_optimizer(self.model if model is None else model, self.args,
+                                            self.optimizer_name, total_steps, self.omega,
+                                            **self.optimizer_hparams)
+            self.optimizer = cls(kwargs.pop("params"), **kwargs)
+        return self.optimizer
+
+
+__all__ = ["DanastarTrainer", "SUPPORTED", "optimizer_cls_and_kwargs", "trainer_optimizer"]
