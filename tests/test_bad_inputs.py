@@ -156,6 +156,41 @@ def test_a_run_directory_that_is_not_writable_is_refused(tmp_path):
     assert f"cannot be created in {locked}, which is not writable" in message
 
 
+def test_a_checkpoints_folder_that_takes_no_files_is_refused_before_training(tmp_path):
+    # Before, it was found at the first save, and the steps trained until then were lost.
+    run = tmp_path / "run"
+    run.mkdir()
+    if os.geteuid() != 0:
+        (run / "checkpoints").mkdir(mode=0o555)
+    else:  # chmod does not stop root: the folder is a link to a read-only file system
+        locked = next((path for path in map(os.path.realpath, ("/proc/sys",))
+                       if os.path.isdir(path) and not os.access(path, os.W_OK)), None)
+        if locked is None:
+            pytest.skip("running as root and no read-only file system to write into")
+        (run / "checkpoints").symlink_to(locked)
+    assert refusal(["--run_dir", str(run)]) == (
+        f"{run / 'checkpoints'} is not writable, so no checkpoint could be saved; make it "
+        "writable or pass another --run_dir.")
+
+
+def test_a_run_directory_name_longer_than_the_file_system_allows(tmp_path):
+    long = tmp_path / ("r" * 300)
+    assert refusal(["--run_dir", str(long / "run")]) == (
+        f"run directory {long / 'run'} has a name of 300 bytes ({'r' * 24}...), longer than the "
+        "255 its file system allows; pass another --run_dir with shorter names.")
+    # A default name made long by a long dataset name is shortened, the same way each time (a
+    # resume finds it), and differently for other settings. Before, os.stat raised.
+    from danastar.config import default_run_dir
+
+    dataset = str(tmp_path / ("d" * 250))
+    names = [default_run_dir(load_config([*BASE, "--dataset", dataset, *more])[0]).name
+             for more in ([], [], ["--seed", "1"])]
+    assert all(len(name.encode()) == 255 and name.startswith("d" * 200) for name in names)
+    assert names[0] == names[1] != names[2]
+    config, _ = load_config([*BASE, "--dataset", dataset])
+    dry_run(config)  # accepted
+
+
 # What must still be accepted, and how values given as text are read.
 def test_text_values_are_read_by_the_fields_type_with_yaml_1_2_rules(tmp_path):
     config, _ = load_config([*BASE, "logging.run_dir=010", "train.seed=010", "optim.lr=.5e-3",

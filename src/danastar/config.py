@@ -1012,7 +1012,24 @@ def default_run_dir(config: TrainConfig) -> Path:
               for name, value in schedule_options(config).items()
               if value != SCHEDULE_OPTIONS[optim.scheduler][name]]
     parts.append(f"s{train.seed}")  # not the iterations: extending a run keeps its directory
-    return Path("runs") / "-".join(parts)
+    return Path("runs") / fit_name("-".join(parts))
+
+
+NAME_MAX = 255  # bytes in one name of a path on the common file systems (ext4, xfs, Lustre, ...)
+
+
+def fit_name(name: str) -> str:
+    """A default run name within NAME_MAX bytes: one that is longer (a long dataset folder's
+    name, many settings away from their defaults) keeps its beginning and ends in a hash of the
+    whole, so that it stays the same for the same settings (a resume finds it) and differs for
+    others."""
+    if len(os.fsencode(name)) <= NAME_MAX:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    head = os.fsencode(name)[: NAME_MAX - len(digest) - 1].decode(errors="ignore")
+    return f"{head}-{digest}"
 
 
 # Short tags of the MoE settings in a run's default name (given away from their defaults).
@@ -1157,6 +1174,9 @@ def check_run_dir(run_dir: Path) -> None:
     """Refuse a run directory that cannot be created or written, before anything is started or
     written (a dry run creates nothing: the nearest existing directory must be writable)."""
     fix = "pass another --run_dir"
+    too_long = name_too_long(run_dir)
+    if too_long:
+        raise UserError(f"run directory {run_dir} {too_long}; {fix} with shorter names.")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"run directory {run_dir} is a file; {fix} or move the file away.")
     existing = next(path for path in (run_dir, *run_dir.parents) if path.exists())
@@ -1167,3 +1187,27 @@ def check_run_dir(run_dir: Path) -> None:
         what = "is" if existing == run_dir else f"cannot be created in {existing}, which is"
         raise UserError(f"run directory {run_dir} {what} not writable; {fix} or make it "
                         "writable.")
+    # Found at the first save, a checkpoints/ folder that takes no files would lose every step
+    # since the last checkpoint.
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.exists() and not checkpoints.is_dir():
+        raise UserError(f"{checkpoints} is a file, where the run's checkpoints go; move it away "
+                        f"or {fix}.")
+    if checkpoints.is_dir() and not os.access(checkpoints, os.W_OK | os.X_OK):
+        raise UserError(f"{checkpoints} is not writable, so no checkpoint could be saved; make "
+                        f"it writable or {fix}.")
+
+
+def name_too_long(path: Path) -> Optional[str]:
+    """What is wrong with a name in `path` longer than its file system allows, or None."""
+    existing = next((parent for parent in path.parents if os.path.isdir(parent)), Path("."))
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = NAME_MAX
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > limit:
+            return (f"has a name of {size} bytes ({part[:24]}...), longer than the {limit} its "
+                    f"file system allows")
+    return None

@@ -8,11 +8,27 @@ renamed over the target, so a reader sees the old content or the whole new one, 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+# A full disk (or quota): a write that fails with these is the user's to fix, not a crash.
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def out_of_space(error: BaseException) -> bool:
+    """Whether `error` comes from a full disk: an OSError(ENOSPC or EDQUOT) itself or anywhere in
+    its chain (torch's writer turns it into a RuntimeError about the file's position)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def sha256(path: Path) -> str:
@@ -79,3 +95,45 @@ def publish_dir(temporary: Path, final: Path) -> None:
         shutil.rmtree(final)
     os.replace(temporary, final)
     fsync_dir(final.parent)
+
+
+def check_output(path: Path, flag: str, *, folder: bool = False) -> None:
+    """Refuse, before any work, an output that cannot be written: a file name that is a folder
+    (or, with ``folder``, a folder name that is a file), or a place where the nearest existing
+    folder is a file or cannot be written into (tried by writing a file there). A missing folder
+    is fine: it is created when the output is written, as `train` creates a run directory.
+    UserError names ``flag``."""
+    from danastar.errors import UserError
+
+    path = Path(path)
+    fix = f"give {flag} a path in a writable folder"
+    if folder and path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path} is a file; give {flag} a folder.")
+    if not folder and path.is_dir():
+        raise UserError(f"{flag} {path} is a folder; give {flag} a file name.")
+    start = path if folder else path.parent
+    existing = next(p for p in (start, *start.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"{flag} {path} cannot be written: {existing} is a file, not a folder; "
+                        f"{fix}.")
+    probe = existing / f".danastar-write-check-{os.getpid()}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise UserError(f"{flag} {path} cannot be written: {existing} does not take new files "
+                        f"({error.strerror}); {fix}.") from None
+
+
+def write_output(path: Path, content: str, flag: str) -> None:
+    """Write an output file (``flag``'s) atomically, creating its folder; UserError naming the
+    file when the system refuses (a full disk, a folder made read-only meanwhile)."""
+    from danastar.errors import UserError
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, content)
+    except OSError as error:
+        raise UserError(f"{flag} {path} could not be written ({error.strerror or error}); "
+                        f"free space or give {flag} a path in a writable folder.") from None

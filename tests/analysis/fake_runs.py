@@ -28,11 +28,15 @@ def synthetic_loss(opt: str, lr_ratio: float, pfh: float) -> float:
 
 def write_run(root: Path, opt: str, heads: int, *, lr_ratio: float = 1.0, seed: int = 0,
               iterations: int | None = None, evals: int = 5, stop_at: int | None = None,
-              noise: float = 0.0, optimum_spread: float = 0.0) -> Path:
+              noise: float = 0.0, optimum_spread: float = 0.0, dataset: str | None = None,
+              fingerprint: str | None = None, kappa: float | None = None) -> Path:
     """One run directory under ``root``; ``stop_at`` leaves it partial at that step;
     ``optimum_spread`` moves this size's optimum off the law by a log-normal factor (the same
-    for every LR and seed of the size)."""
+    for every LR and seed of the size); ``dataset`` (and ``fingerprint``) are recorded as
+    `train` records them (config.yaml, run.json's identity)."""
     overrides = {} if iterations is None else {"iterations": iterations}
+    if kappa is not None:
+        overrides["kappa"] = kappa
     plan = scaling.make_plan("enoki", opt, heads, batch_size=32, seq_len=2048,
                              **overrides).to_dict()
     iterations = plan["iterations"]  # Chinchilla unless given
@@ -42,9 +46,15 @@ def write_run(root: Path, opt: str, heads: int, *, lr_ratio: float = 1.0, seed: 
     run_dir = root / f"{opt}_h{heads}_lr{plan['lr']:.3e}_s{seed}"
     run_dir.mkdir(parents=True)
     (run_dir / "plan.json").write_text(json.dumps({"plan": plan, "batch_layout": layout}))
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(
-        {"model": {"arch": "enoki", "heads": heads}, "optim": {"name": opt, "omega": 4.0},
-         "train": {"iterations": iterations, "seed": seed}}))
+    config = {"model": {"arch": "enoki", "heads": heads}, "optim": {"name": opt, "omega": 4.0},
+              "train": {"iterations": iterations, "seed": seed}}
+    if dataset is not None:
+        config["data"] = {"dataset": dataset}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    if fingerprint is not None:
+        identity = {"opt": opt, "lr": plan["lr"], "seed": seed, "dataset": dataset,
+                    "dataset_fingerprint": fingerprint}
+        (run_dir / "run.json").write_text(json.dumps({"identity": identity, "starts": []}))
     rng = np.random.default_rng(seed + 1000 * heads)
     lr_ratio = lr_ratio / math.exp(np.random.default_rng(heads).normal(0, optimum_spread))
     # compute in PFH scaled up so that the sizes span the range of the paper's figure

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 
@@ -118,3 +119,128 @@ def test_bad_input_is_one_sentence_and_exit_2(tmp_path):
         assert message in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "f.png").exists()
+
+
+def refusal(capsys, *args):
+    """The one line `danastar` says when it refuses ``args`` (exit 2)."""
+    capsys.readouterr()
+    assert main(list(args)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith(f"danastar {args[0]}: ")
+    return lines[-1]
+
+
+def test_best_never_pools_runs_on_different_data_as_seeds(tmp_path, capsys):
+    # seeds 0 and 1 on one dataset, seed 0 on another, seed 0 on the same name prepared anew
+    for seed in (0, 1):
+        write_run(tmp_path / "a", "adamw", 4, iterations=100, seed=seed, dataset="shakespeare",
+                  fingerprint="aaaa1111bbbb2222")
+    write_run(tmp_path / "b", "adamw", 4, iterations=100, dataset="synthetic",
+              fingerprint="cccc3333dddd4444")
+    write_run(tmp_path / "c", "adamw", 4, iterations=100, dataset="shakespeare",
+              fingerprint="eeee5555ffff6666")
+    rows = results_json(capsys, str(tmp_path), "--best")
+    assert [(r["dataset"], r["seeds"]) for r in rows] == [
+        ("shakespeare (aaaa1111)", 2), ("shakespeare (eeee5555)", 1), ("synthetic", 1)]
+    assert main(["results", str(tmp_path)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "dataset" in table[0].split() and sum("synthetic" in line for line in table) == 1
+
+
+def test_the_same_seed_twice_at_one_lr_is_refused_naming_both_runs(tmp_path, capsys):
+    first = write_run(tmp_path / "a", "adamw", 4, iterations=100)
+    second = write_run(tmp_path / "b", "adamw", 4, iterations=100)
+    for args in (["results", str(tmp_path), "--best"],
+                 ["plot", "lr-sweep", str(tmp_path), "--out", str(tmp_path / "f")]):
+        message = refusal(capsys, *args)
+        assert f"{first} and {second} are both seed 0 of adamw" in message
+        assert "a repeat of one run" in message and "another --seed" in message
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_vs_finds_the_baseline_by_its_optimizer_name(sweep, capsys, tmp_path):
+    assert main(["results", str(sweep), "--vs", "dana-star-mk4", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    label = next(r["optimizer"] for r in json.loads(captured.out)
+                 if r["multiplier_kind"] == "baseline")
+    assert label.startswith("dana-star-mk4 κ=")
+    assert f"--vs dana-star-mk4 is {label}" in captured.err
+    two = tmp_path / "two_kappas"
+    for kappa in (0.5, 0.85):
+        for heads in (4, 6):
+            write_run(two, "adana", heads, iterations=100, kappa=kappa)
+    assert refusal(capsys, "results", str(two), "--vs", "adana").endswith(
+        "--vs adana matches 2 optimizers ('adana κ=0.5', 'adana κ=0.85'); name one of them, "
+        "e.g. --vs 'adana κ=0.5'.")
+    for name in ("adana κ=0.5", "adana kappa=0.5"):
+        rows = results_json(capsys, str(two), "--vs", name)
+        assert [r["multiplier"] for r in rows if r["optimizer"] == "adana κ=0.5"] == [1.0, 1.0]
+
+
+def test_unreadable_lines_and_runs_are_reported_and_the_others_shown(tmp_path, capsys):
+    good = write_run(tmp_path, "adamw", 4, iterations=100)
+    lines = (good / "metrics.jsonl").read_text().splitlines()
+    lines[2:2] = ["not json", '{"step": "ten", "val_loss": 3.0}']
+    (good / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 100, "val_lo')
+    total = len(lines) + 1
+    corrupt = write_run(tmp_path, "adamw", 6, iterations=100)
+    (corrupt / "plan.json").write_text('{"plan": {"arch": "enoki",')
+    empty = write_run(tmp_path, "adamw", 8, iterations=100)
+    (empty / "plan.json").write_text("{}")
+    folder = tmp_path / "folder"
+    (folder / "plan.json").mkdir(parents=True)
+    assert main(["results", str(tmp_path), "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    rows, err = json.loads(captured.out), captured.err.splitlines()
+    assert [row["run"] for row in rows] == [good.name] and rows[0]["state"] == "complete"
+    assert f"danastar results: 3 of the {total} lines of {good / 'metrics.jsonl'} could not be " \
+           f"read and were left out (lines 3, 4, {total})" in err[0]
+    assert err[1] == (f"danastar results: left out {corrupt}: {corrupt / 'plan.json'} is not "
+                      "valid JSON (Expecting property name enclosed in double quotes at line 1); "
+                      "restore the file or move the run directory away")
+    assert f"left out {empty}: {empty / 'plan.json'} has no 'non_embedding_params'" in err[2]
+    assert f"left out {folder}: {folder / 'plan.json'} cannot be read (Is a directory)" in err[3]
+    # the figures read the same records
+    assert main(["plot", "curves", str(tmp_path), "--out", str(tmp_path / "curves")]) == 0
+    assert (tmp_path / "curves.png").exists()
+    assert "left out" in capsys.readouterr().err
+
+
+def test_a_run_moved_aside_by_train_is_not_a_seed_of_the_live_one(tmp_path, capsys):
+    live = write_run(tmp_path, "adamw", 4, iterations=100)
+    write_run(live / "previous-20250101T000000Z", "adamw", 4, iterations=100)
+    assert main(["results", str(tmp_path), "--best", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)[0]["seeds"] == 1
+    assert "left out 1 earlier run(s) moved aside into previous-<time>/" in captured.err
+
+
+def test_output_files_in_missing_or_unwritable_folders(sweep, tmp_path, capsys):
+    # a missing folder is created, as train creates a run directory
+    out = tmp_path / "new" / "deeper" / "best.csv"
+    assert main(["results", str(sweep), "--best", "--csv", str(out)]) == 0
+    assert out.read_text().startswith("optimizer,")
+    assert main(["plot", "curves", str(sweep), "--out", str(tmp_path / "new2" / "c")]) == 0
+    assert (tmp_path / "new2" / "c.pdf").exists()
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("kept")
+    cases = [(["results", str(sweep), "--json", str(a_file / "x.json")],
+              f"--json {a_file / 'x.json'} cannot be written: {a_file} is a file, not a folder"),
+             (["results", str(sweep), "--csv", str(tmp_path)],
+              f"--csv {tmp_path} is a folder; give --csv a file name."),
+             (["plot", "curves", str(sweep), "--out", str(a_file / "sub" / "c")],
+              f"--out {a_file / 'sub' / 'c.png'} cannot be written: {a_file} is a file")]
+    if os.geteuid() == 0:  # chmod does not stop root; a read-only file system does
+        read_only = "/proc/sys" if not os.access("/proc/sys", os.W_OK) else None
+    else:
+        read_only = tmp_path / "locked"
+        read_only.mkdir()
+        read_only.chmod(0o555)
+    if read_only is not None:
+        cases.append((["results", str(sweep), "--csv", os.path.join(read_only, "r.csv")],
+                      f"cannot be written: {read_only} does not take new files"))
+        cases.append((["plot", "scaling", str(sweep), "--out", os.path.join(read_only, "s")],
+                      f"cannot be written: {read_only} does not take new files"))
+    for args, message in cases:
+        assert message in refusal(capsys, *args)
+    assert a_file.read_text() == "kept"

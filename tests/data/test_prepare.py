@@ -226,6 +226,46 @@ def test_interrupted_local_preparation_resumes_to_identical_output(tmp_path, mon
     assert directory_bytes(tmp_path / "resumed") == directory_bytes(tmp_path / "whole")
 
 
+def test_a_full_disk_while_preparing_is_one_sentence_and_keeps_the_finished_shards(
+        tmp_path, monkeypatch):
+    # A full disk cannot be made safely everywhere the tests run: here the third shard's writes
+    # fail part way with ENOSPC, as they do on a full disk (checked by hand on a small tmpfs).
+    import builtins
+    import errno
+    import io
+
+    write_local_corpus(tmp_path / "in")
+    options = dict(tokenizer="bytes", val_fraction=0.25, shard_input_mb=1e-4, workers=1,
+                   progress=False)
+    prepare_source(str(tmp_path / "in"), tmp_path / "whole", **options)
+    real_open, opened = builtins.open, []
+
+    class FullDisk(io.FileIO):
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def open_on_a_full_disk(path, mode="r", *args, **kwargs):
+        if str(path).endswith(".tmp") and ".bin." in str(path) and "w" in mode:
+            opened.append(path)
+            if len(opened) >= 3:
+                return io.BufferedWriter(FullDisk(path, "w"), buffer_size=16)
+        return real_open(path, mode, *args, **kwargs)
+
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        patch.setattr("builtins.open", open_on_a_full_disk)
+        with pytest.raises(UserError) as refused:  # before: the OSError's traceback
+            prepare_source(str(tmp_path / "in"), out, **options)
+    assert str(refused.value) == (
+        f"no space left in {out} while preparing it; the shards finished so far are kept: free "
+        "some space and run the same command again to go on from them.")
+    kept = sorted(path.name for path in out.iterdir())
+    assert prepare.STATE_FILE in kept and "meta.json" not in kept
+    assert not [name for name in kept if name.endswith(".tmp")]  # no partial shard is left
+    prepare_source(str(tmp_path / "in"), out, **options)
+    assert directory_bytes(out) == directory_bytes(tmp_path / "whole")
+
+
 # --- FineWeb on parquet files shaped like the hub's
 # ------------------------------------------------
 
@@ -388,8 +428,73 @@ def test_empty_split_and_empty_folder(tmp_path):
     with pytest.raises(UserError, match="no .txt/.jsonl/.parquet files"):
         prepare_source(str(tmp_path / "in"), tmp_path / "out", tokenizer="bytes", progress=False)
     (tmp_path / "in" / "only.txt").write_text("a single document")
-    with pytest.raises(UserError, match="the val split .* is empty"):
+    with pytest.raises(UserError, match="is one paragraph, so one document, which cannot fill"):
         prepare_source(str(tmp_path / "in"), tmp_path / "out", tokenizer="bytes", progress=False)
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_a_single_text_file_is_split_into_documents_at_blank_lines(tmp_path):
+    paragraphs = [f"paragraph {i}, line one\nline two of {i}" for i in range(30)]
+    book = tmp_path / "book.txt"
+    book.write_text("\n\n".join(paragraphs) + "\n")
+    # Before, one document: its train split took it all and the validation split stayed empty,
+    # and the .prepare_state.json left behind refused the retry with another --val_fraction.
+    with pytest.raises(UserError, match=r"--val_fraction 0.01 puts none of the 30 paragraphs of "
+                                        r".* in the validation split; raise --val_fraction"):
+        prepare_source(str(book), tmp_path / "out", tokenizer="bytes", progress=False)
+    assert not (tmp_path / "out").exists()
+    meta = prepare_source(str(book), tmp_path / "out", tokenizer="bytes", val_fraction=0.2,
+                          progress=False)
+    train, val = documents_in(tmp_path / "out", "train"), documents_in(tmp_path / "out", "val")
+    assert sorted(train + val) == sorted(paragraphs) and train and val
+    assert meta["train_documents"] + meta["val_documents"] == 30
+
+
+def test_an_empty_split_found_while_tokenising_leaves_nothing_that_blocks_the_retry(tmp_path):
+    (tmp_path / "in").mkdir()
+    lines = [json.dumps({"text": f"document {i}"}) for i in range(20)]
+    (tmp_path / "in" / "d.jsonl").write_text("\n".join(lines) + "\n")
+    assert not any(in_validation(f"d.jsonl:{i}", 0.001, 0) for i in range(20))
+    with pytest.raises(UserError, match=r"the val split .* is empty; .*were removed\)\.$"):
+        prepare_source(str(tmp_path / "in"), tmp_path / "out", tokenizer="bytes",
+                       val_fraction=0.001, progress=False)
+    assert not (tmp_path / "out").exists()
+    meta = prepare_source(str(tmp_path / "in"), tmp_path / "out", tokenizer="bytes",
+                          val_fraction=0.3, progress=False)
+    assert meta["train_documents"] + meta["val_documents"] == 20
+
+
+def read_only_folder(tmp_path: Path) -> Path:
+    """A folder that takes no new files: chmod for a user, a read-only file system for root."""
+    if os.geteuid() != 0:
+        (tmp_path / "locked").mkdir(mode=0o555)
+        return tmp_path / "locked"
+    locked = os.path.realpath("/proc/sys")
+    if not os.path.isdir(locked) or os.access(locked, os.W_OK):
+        pytest.skip("running as root and no read-only file system to write into")
+    return Path(locked)
+
+
+def test_a_cache_that_cannot_be_created_names_the_variable_and_the_fix(tmp_path, monkeypatch,
+                                                                       capsys):
+    # Before: NotADirectoryError / OSError(EROFS) tracebacks from mkdir.
+    monkeypatch.delenv("DANASTAR_DATA_DIR", raising=False)
+    a_file = tmp_path / "cache"
+    a_file.write_text("kept")
+    monkeypatch.setenv("DANASTAR_CACHE_DIR", str(a_file))
+    assert cli.main(["prepare", "shakespeare"]) == 2
+    assert capsys.readouterr().err == (
+        f"danastar prepare: DANASTAR_CACHE_DIR={a_file} cannot hold danastar's cache ({a_file} "
+        "is a file); set DANASTAR_CACHE_DIR to a writable folder.\n")
+    assert a_file.read_text() == "kept"
+    home = read_only_folder(tmp_path)
+    monkeypatch.delenv("DANASTAR_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(UserError) as refused:
+        ensure_prepared("shakespeare")
+    assert str(refused.value).startswith(
+        f"HOME={home} cannot hold danastar's cache ~/.cache/danastar ({home / '.cache'}")
+    assert str(refused.value).endswith("; set DANASTAR_CACHE_DIR to a writable folder.")
 
 
 def test_ensure_prepared_names_and_directories(tmp_path, monkeypatch):

@@ -32,6 +32,8 @@ def test_a_registry_reads_profiles_and_the_fallback():
     {"name": "x", "setup": ["export WANDB_API_KEY=0123456789abcdef"]},
     {"name": "x", "setup": ["huggingface-cli login --token hf_abcdefghijklmnopqrstuvwxyz"]},
     {"name": "x", "login": "user:secret_token=abc@host"},
+    {"name": "x", "sbatch_extra": ["--comment=sk-proj-0123456789abcdefghij"]},
+    {"name": "x", "setup": ["export ANTHROPIC=sk-ant-api03-0123456789abcdef"]},
 ])
 def test_a_profile_holding_a_secret_is_refused(profile):
     with pytest.raises(UserError, match="looks like it holds a password or token"):
@@ -47,6 +49,37 @@ def test_a_profile_holding_a_secret_is_refused(profile):
 def test_a_malformed_registry_is_refused_with_the_fix(bad, message):
     with pytest.raises(UserError, match=message):
         parse_registry(bad)
+
+
+@pytest.mark.parametrize("field, message", [
+    ("gpus_per_node: -4", "field gpus_per_node must be at least 0, not -4."),
+    ("max_restarts: -1", "field max_restarts must be at least 0, not -1."),
+    ("priority: high", "field priority takes a whole number, not 'high'."),
+    ("enabled: maybe", "field enabled takes true or false, not 'maybe'."),
+    ("max_time: forever", "field max_time 'forever' is not a SLURM time limit; write it as "
+                          "minutes, minutes:seconds, hours:minutes:seconds, days-hours,"),
+    ("max_time: 24:00:00", "field max_time is the number 86400, as YAML reads an unquoted time "
+                           "such as 24:00:00 (86400); quote it"),
+    ("mem: lots", "field mem 'lots' is not a SLURM memory size; write a whole number of "
+                  "megabytes, or one with a unit K, M, G or T"),
+    ("partition: gpu long", "field partition 'gpu long' is not one word"),
+    ("sbatch_extra: [constraint=h100]", "field sbatch_extra holds 'constraint=h100'; each "
+                                        "item is one sbatch option, e.g. --constraint=h100."),
+    ("micro_batch_caps: {2: 0}", "field micro_batch_caps takes {heads: sequences per GPU}"),
+])
+def test_profile_values_are_checked_as_slurm_reads_them(field, message):
+    import yaml
+
+    with pytest.raises(UserError) as refused:
+        parse_registry(yaml.safe_load(f"clusters:\n  - name: x\n    {field}\n"))
+    assert "profile x " + message in str(refused.value)
+
+
+def test_good_profile_values_are_kept():
+    registry = parse_registry([{"name": "x", "max_time": "0-04:00", "mem": 0, "qos": None},
+                               {"name": "y", "mem": "64GB", "max_time": "infinite"}])
+    assert registry.get("x").max_time == "0-04:00" and registry.get("x").mem == "0"
+    assert registry.get("x").qos == "" and registry.get("y").mem == "64GB"
 
 
 # Recorded outputs of `sinfo -h -p P -o '%R %F'` (A/I/O/T)

@@ -158,5 +158,35 @@ def test_a_profile_fills_the_script_and_caps_the_micro_batch(tmp_path, capsys):
 
 def test_slurm_time_limits_are_read_as_sbatch_reads_them():
     cases = {"30": 1800, "30:15": 1815, "2:00:00": 7200, "1-0": 86400, "1-2:30": 95400,
-             "1-02:00:05": 93605, "infinite": None, "": None, "1:2:3:4": None}
+             "1-02:00:05": 93605, "0-04:00": 14400, "0-4": 14400, "2-": 172800,
+             "infinite": None, "UNLIMITED": None, "-1": None, "0": None, "": None}
     assert {text: slurm.time_limit_seconds(text) for text in cases} == cases
+    for bad in ("24h", "abc", "1:2:3:4", "1-2-3", "-5", "1.5", ":30", "1-:30"):
+        with pytest.raises(UserError, match=f"--time '{bad}' is not a SLURM time limit; write it "
+                                            "as minutes, minutes:seconds, hours:minutes:seconds"):
+            slurm.time_limit_seconds(bad)
+    for good in ("0", "64000", "64G", "64gb", "512K", "2T"):
+        slurm.check_memory(good)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--time", "24h"], "--time '24h' is not a SLURM time limit"),
+    (["--mem", "64Q"], "--mem '64Q' is not a SLURM memory size"),
+    (["--max_restarts", "-1"], "--max_restarts -1 must be at least 0."),
+    (["--tasks_per_node", "0"], "--tasks_per_node 0 must be at least 1."),
+    (["--cpus_per_task", "0"], "--cpus_per_task 0 must be at least 1"),
+    (["--gpus_per_node", "-4"], "--gpus_per_node -4 must be at least 0"),
+    (["--partition", "gpu long"], "--partition 'gpu long' is not one word"),
+])
+def test_slurm_values_are_refused_in_the_dry_run(tmp_path, capsys, args, message):
+    code = cli.main(["submit", *TINY, "--run_dir", str(tmp_path / "r"), *args, "--dry_run"])
+    stderr = capsys.readouterr().err
+    assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_days_hours_is_read_as_hours_not_minutes(tmp_path, capsys):
+    # 0-04:00 is four hours: 300 s of signal lead fit (read as 4:00, 240 s, they did not)
+    code = cli.main(["submit", *TINY, "--run_dir", str(tmp_path / "r"), "--time", "0-04:00",
+                     "--dry_run"])
+    assert code == 0 and "#SBATCH --time=0-04:00" in capsys.readouterr().out

@@ -77,6 +77,8 @@ def test_run_state_reads_completion_from_the_final_record(tmp_path):
     assert run_state(tmp_path)["state"] == "partial"
     metrics.write_text('{"step": 4, "val_loss": 5.0, "final": true}\n')
     assert run_state(tmp_path) == {"state": "complete", "step": 4, "iterations": 4}
+    # A sweep file that now asks for 8 iterations: the run is to be trained on.
+    assert run_state(tmp_path, 8) == {"state": "partial", "step": 4, "iterations": 8}
 
 
 @pytest.mark.slow
@@ -163,3 +165,107 @@ def test_a_signal_to_the_sweep_stops_its_runs_where_they_can_resume(tmp_path, si
         state = run_state(root / name)
         assert state["state"] == "partial" and 0 < state["step"] < 400, state
         assert any((root / name / "checkpoints").iterdir())  # it saved before stopping
+
+
+# -- the command line and the file -------------------------------------------------------------
+
+@pytest.mark.parametrize("grid, args, message", [
+    ({"train.seed": [0, 1]}, ["--iterations", "6", "--seed", "7"],
+     "--seed sets train.seed for every run, but sweep file {spec} varies train.seed in its grid "
+     "(0, 1); remove --seed from the command line, or train.seed from the grid."),
+    ({"train.seed": [0, 1]}, ["train.seed=7"], "train.seed=7 sets train.seed for every run"),
+    ({"lr_multiplier": [0.5, 2]}, ["--lr", "0.01"],
+     "varies lr_multiplier in its grid (0.5, 2); remove --lr from the command line"),
+    ({"train.seed": [0]}, ["--run_dir", "elsewhere"],
+     "--run_dir is not for a sweep, which puts each run in <runs_root>/tiny/<point>; choose "
+     "where with --runs_root instead."),
+    ({"train.seed": [0]}, ["logging.run_dir=elsewhere"], "choose where with --runs_root instead"),
+], ids=["flag", "dotted", "lr", "run_dir", "dotted_run_dir"])
+def test_a_command_line_key_that_the_grid_varies_or_the_run_dir_is_refused(tmp_path, grid, args,
+                                                                          message):
+    from danastar.commands.sweep import main
+
+    spec = write_spec(tmp_path, grid=grid)
+    with pytest.raises(UserError) as refused:
+        main([str(spec), "--runs_root", str(tmp_path / "runs"), *args])
+    assert message.format(spec=spec) in str(refused.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_name_longer_than_the_file_system_allows_is_refused(tmp_path):
+    from danastar.commands.sweep import main
+
+    # Before: an OSError traceback from mkdir, after sweep.json was written.
+    spec = write_spec(tmp_path, grid={"train.sample_prompt": ["x" * 300]})
+    with pytest.raises(UserError) as refused:
+        main([str(spec), "--runs_root", str(tmp_path / "runs")])
+    assert str(refused.value).startswith(f"sweep tiny: run directory {tmp_path / 'runs' / 'tiny'}")
+    assert ("has a name of 313 bytes (sample_promptxxxxxxxxxxx...), longer than the 255 its file "
+            "system allows; shorten the sweep's name") in str(refused.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_command_line_overrides_the_files_base(tmp_path):
+    from danastar.commands.sweep import command_line_keys, overridden, plan_run
+    from danastar.config import load_config
+
+    sweep_file = parse_sweep({"name": "tiny", "base": {**BASE, "lr_multiplier": 2},
+                              "grid": {"train.seed": [0]}})
+    argv = ["--iterations", "6", "train.batch_size=8", "--lr", "0.01"]
+    point = overridden(sweep_file.points()[0], command_line_keys(argv))
+    run = plan_run("tiny", point, tmp_path, argv, prepare=False)
+    config = load_config(run.argv)[0]
+    # Before, the file's base won: 4 iterations, batch 4, twice the law's LR.
+    assert (config.train.iterations, config.train.batch_size, config.optim.lr) == (6, 8, 0.01)
+    assert run.lr == 0.01 and config.train.seed == 0
+
+
+@pytest.mark.slow
+def test_an_edited_sweep_trains_on_where_the_schedule_allows_and_else_is_refused(tmp_path):
+    # The file's base says seed 0; the command line's --seed 7 wins, and is then part of the runs.
+    base = {**BASE, "train.iterations": 6, "train.seed": 0}
+    spec = write_spec(tmp_path, base=base, grid={"optim.scheduler": ["none", "cos_inf"]})
+    root = tmp_path / "runs" / "tiny"
+    first = sweep(spec, "--seed", "7", "--no_wandb")
+    assert first.returncode == 0, first.stderr
+    for name in ("schedulernone", "schedulercos_inf"):
+        plan = json.loads((root / name / "plan.json").read_text())["plan"]
+        assert (plan["seed"], plan["iterations"]) == (7, 6)
+    assert json.loads((root / "sweep.json").read_text())["command_line"] == [
+        "--seed", "7", "--no_wandb"]
+    before = {path: path.read_bytes() for path in root.rglob("*") if path.is_file()}
+
+    # iterations 6 -> 12: cos_inf's factor at the steps taken depends on the total. Before, this
+    # said "all 2 runs are complete; nothing to train" and rewrote sweep.json for 12 steps.
+    spec.write_text(json.dumps({"name": "tiny", "base": {**base, "train.iterations": 12},
+                                "grid": {"optim.scheduler": ["none", "cos_inf"]}}))
+    refused = sweep(spec, "--seed", "7", "--no_wandb")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"danastar sweep: sweep tiny: {root / 'schedulercos_inf'} was trained with other "
+        "settings than the sweep now gives it (iterations: 6 → 12 (the cos_inf schedule's factor "
+        "at the steps already taken depends on the total; none and powerlaw never do)); to keep "
+        "those runs, give the changed sweep file another name (its name: key) or another "
+        "--runs_root, or undo the change to go on with them (--no_auto_resume moves them aside "
+        "and trains them afresh)."]
+    assert {path: path.read_bytes() for path in root.rglob("*") if path.is_file()} == before
+
+    # Without the cos_inf point, the constant schedule's run trains on from step 6 to 12.
+    spec.write_text(json.dumps({"name": "tiny", "base": {**base, "train.iterations": 12},
+                                "grid": {"optim.scheduler": ["none"]}}))
+    extended = sweep(spec, "--seed", "7", "--no_wandb")
+    assert extended.returncode == 0, extended.stderr
+    assert run_state(root / "schedulernone") == {"state": "complete", "step": 12,
+                                                 "iterations": 12}
+    assert "resumed from" in (root / "logs" / "schedulernone.log").read_text()
+    assert json.loads((root / "schedulernone" / "plan.json").read_text())["plan"]["seed"] == 7
+
+
+def test_a_sweep_file_that_is_not_utf8_is_one_sentence(tmp_path, capsys):
+    from danastar import cli
+
+    spec = tmp_path / "latin1.yaml"
+    spec.write_bytes("name: caf\xe9\ngrid: {train.seed: [0]}\n".encode("latin-1"))
+    assert cli.main(["sweep", str(spec), "--dry_run"]) == 2
+    assert capsys.readouterr().err == (f"danastar sweep: sweep file {spec} is not UTF-8 text "
+                                       "(byte 0xe9 at offset 9); save it as UTF-8.\n")

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -53,15 +54,57 @@ def test_scaling_and_kappa_commands(tmp_path):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["compare", "--alpha", "-1"], "--alpha must be > 0"),
+    (["compare", "--alpha", "-1"], "--alpha must be a finite number > 0"),
+    (["compare", "--alpha", "inf"], "--alpha must be a finite number > 0, got inf."),
     (["compare", "--d", "100", "--v", "50"], "--v must be >= d"),
     (["compare", "--T", "0"], "--T must be"),
     (["compare", "--optim", "adana"], "needs a learning rate"),
     (["compare", "--optim", "nosuch:lr=1"], "unknown optimizer"),
     (["scaling", "--ds", "100"], "--ds needs two or more"),
     (["kappa", "--kappas", "a,b"], "--kappas must be comma-separated numbers"),
+    # parsed and range-checked before any work
+    (["scaling", "--ds", "20,20"], "--ds lists 20 twice; give each value once."),
+    (["scaling", "--ds", "20.5,40"], "--ds must be comma-separated whole numbers"),
+    (["scaling", "--ds", "2,4", "--T-factor", "1e300"],
+     "the largest size's horizon T-factor·d^(2α) is about 10^301 steps"),
+    (["kappa", "--kappas", "2"], "--kappas must lie in [0, 1)"),
+    (["kappa", "--kappas", ""], "--kappas is empty; give comma-separated numbers"),
+    (["kappa", "--kappas", "0.5,nan"], "--kappas must hold finite numbers, got 'nan'."),
+    (["compare", "--T", "1e300"], "--T must be a number of steps from 1 to 1e+15, got 1e+300."),
+    (["compare", "--d", "3000", "--alpha", "3"], "the default horizon T = d^(2α) is about 10^21"),
+    (["compare", "--optim", "adana:lr=abc"], "lr must be a number > 0, e.g. adana:lr=1e-3."),
+    (["compare", "--optim", "adana:lr=nan"], "lr must be a number > 0"),
+    (["compare", "--optim", "adana:lr=1e-3,foo=2"], "unknown hyperparameter(s) foo"),
+    (["compare", "--optim", "adana:lr=1e-3,kappa=5"], "kappa must be in (0, 1]"),
+    (["compare", "--optim", "adana:lr=1e-3,lr=2"], "sets lr twice; give it once."),
+    (["compare", "--optim", "adana:=3,lr=1"], "write options as key=value"),
+    (["compare", "--seed", "-1"], "--seed must be >= 0"),
 ])
 def test_user_errors_are_one_sentence_and_exit_2(argv, needle, capsys, tmp_path):
     assert main(["theory", *argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def test_the_output_folder_is_created_or_refused_before_any_work(tmp_path, capsys):
+    kappa = ["theory", "kappa", "--d", "20", "--T", "100", "--kappas", "0.5"]
+    out = tmp_path / "new" / "figures"  # a missing folder is created, as train does
+    assert main([*kappa, "--out", str(out)]) == 0
+    assert (out / "kappa.png").exists() and (out / "kappa.json").exists()
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("kept")
+    cases = {str(a_file): f"--out {a_file} is a file; give --out a folder.",
+             str(a_file / "sub"): f"--out {a_file / 'sub'} cannot be written: {a_file} is a "
+                                  "file, not a folder"}
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        cases[str(locked / "f")] = f"cannot be written: {locked} does not take new files"
+    elif not os.access("/proc/sys", os.W_OK):  # chmod does not stop root; a read-only fs does
+        cases["/proc/sys/f"] = "cannot be written: /proc/sys does not take new files"
+    for path, message in cases.items():
+        assert main([*kappa, "--out", path]) == 2
+        assert message in capsys.readouterr().err
+    assert a_file.read_text() == "kept"

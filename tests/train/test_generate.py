@@ -59,3 +59,64 @@ def test_generation_from_a_sharded_checkpoint_equals_the_single_file_one(tmp_pat
                             env=environment(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == sharded
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory):
+    """A tiny run with its checkpoints at steps 2 and 4 (context 32, vocabulary 512)."""
+    run_dir = tmp_path_factory.mktemp("generate") / "run"
+    assert_ok(run_train(["--iterations", "4", "checkpoint.latest_every=2"], run_dir))
+    assert len(list((run_dir / "checkpoints").iterdir())) == 2
+    return run_dir
+
+
+def refusal(capsys, *args) -> str:
+    from danastar.cli import main
+
+    capsys.readouterr()
+    assert main(["generate", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("danastar generate: "), err
+    return err[0]
+
+
+def test_bad_arguments_are_refused_naming_generates_own(two_checkpoints, capsys):
+    run = str(two_checkpoints)
+    cases = [
+        (["--prompt", "1 999999"], "--prompt holds token id(s) 999999 outside this model's "
+                                   "vocabulary of 512 (ids 0 to 511)"),
+        (["--prompt", "-1 2"], "--prompt holds token id(s) -1 outside"),
+        (["--temperature", "nan"], "--temperature nan must be a finite number >= 0"),
+        (["--temperature", "-0.5"], "--temperature -0.5 must be a finite number >= 0"),
+        (["--device", "bogus"], "--device 'bogus' is not known; use auto, cpu, cuda or cuda:N."),
+        (["--tokens", "0"], "--tokens 0 must be at least 1."),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((["--device", "cuda:0"], "--device cuda:0 asks for a GPU, but no CUDA "
+                                              "device is visible; use --device cpu"))
+    for args, message in cases:
+        assert message in refusal(capsys, run, *args)
+
+
+def test_more_tokens_than_the_context_says_where_it_stopped(two_checkpoints, capsys):
+    from danastar.cli import main
+
+    assert main(["generate", str(two_checkpoints), "--prompt", "1 2", "--tokens", "500"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.split()) == 32  # the whole context: 2 given, 30 new
+    assert "stopped after 30 new tokens, at the model's context of 32 tokens (the prompt takes " \
+           "2); ask for --tokens 30 or fewer" in captured.err
+
+
+def test_a_corrupt_newest_checkpoint_is_named_when_an_older_one_is_used(two_checkpoints,
+                                                                        tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(two_checkpoints, run_dir)
+    older, newer = sorted((run_dir / "checkpoints").iterdir())
+    state = newer / "state.pt"
+    state.write_bytes(state.read_bytes()[:-10] + b"0123456789")
+    settings = dict(tokens=5, temperature=0, top_k=None, seed=0)
+    sampled = generate(run_dir, "1 2 3", **settings)
+    assert (f"danastar generate: checkpoint {newer} cannot be used (state.pt does not match its "
+            f"checksum); sampling from the older {older.name} instead.") in capsys.readouterr().err
+    assert sampled == generate(older, "1 2 3", **settings)

@@ -115,3 +115,27 @@ def test_a_full_disk_says_so_removes_its_partial_copy_and_keeps_the_last_good_ch
     assert not list(tmp_path.glob(".tmp-*"))  # the partial copy is gone
     assert [p.name for p in checkpointer.checkpoints()] == ["latest-00000002"]
     assert checkpointer.find_latest().step == 2
+
+
+def test_a_disk_too_full_for_the_next_checkpoint_is_refused_before_training(tmp_path,
+                                                                          monkeypatch):
+    # Before, a resume on a full disk trained until its first save, which failed and cost every
+    # step since. As above, the full disk is what the file system reports (checked by hand on a
+    # full tmpfs: the resume refused with this sentence and left the run directory as it was).
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    checkpointer = Checkpointer(tmp_path / "checkpoints", sharded=False)
+    checkpointer.save(2, model, optimizer, {"step": 2})
+    checkpointer.check_space()  # this disk has room
+    size = sum(p.stat().st_size for p in (tmp_path / "checkpoints").rglob("*") if p.is_file())
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=size - 1))
+    with pytest.raises(UserError) as refused:
+        checkpointer.check_space()
+    assert str(refused.value) == (
+        f"no space left in {tmp_path / 'checkpoints'}: {(size - 1) / 2**20:.1f} MiB free, and "
+        f"the next checkpoint needs about {size / 2**20:.1f} MiB (the size of latest-00000002); "
+        "free some space and run the same command again (nothing was written).")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=0))
+    with pytest.raises(UserError, match=r"no space left in .*: 0.0 MiB free; free some space"):
+        Checkpointer(tmp_path / "fresh" / "checkpoints", sharded=False).check_space()

@@ -4,13 +4,17 @@ recorded in run.json."""
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from train_helpers import STOPPED_RUN as BASE
 from train_helpers import (
+    TINY,
     assert_ok,
     assert_stopped_with_work_left,
+    environment,
     last_step,
     metrics,
     prepare_words,
@@ -121,3 +125,30 @@ def test_a_refusal_under_nproc_is_said_once_and_every_process_exits_2(stopped_ru
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.count("lr: 0.003 → 0.001") == 1, result.stderr
     assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
+
+
+@pytest.mark.slow
+def test_the_dry_run_and_submit_refuse_the_resume_training_refuses_and_write_nothing(
+        stopped_run, tmp_path):
+    run_dir = (tmp_path / "run").resolve()
+    shutil.copytree(stopped_run["run_dir"], run_dir)
+    (run_dir / "slurm").mkdir()
+    for name in ("config.yaml", "plan.json"):  # what an earlier `danastar submit` recorded
+        (run_dir / "slurm" / name).write_text("as submitted\n")
+    before = listing(run_dir), metrics(run_dir)
+    args = ["--dataset", str(stopped_run["data"]), *BASE, "--lr", "1e-3"]
+    trained = run_train(args, run_dir)
+    planned = run_train([*args, "--dry_run"], run_dir)
+    submitted = subprocess.run(  # no sbatch here: a job that passed the check would fail later
+        [sys.executable, "-m", "danastar", "submit", *TINY, *args, "--run_dir", str(run_dir)],
+        env={**environment(), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+        timeout=300)
+    refusal = (f"{run_dir} holds another run (its checkpoint at step 4 was trained with other "
+               f"settings): lr: 0.003 → 0.001; to keep it, use another --run_dir, or pass "
+               f"--no_auto_resume to move the old run into {run_dir}/previous-<time>/ and start "
+               f"afresh.")
+    for result, command in ((trained, "train"), (planned, "train"), (submitted, "submit")):
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.strip() == f"danastar {command}: {refusal}"
+    assert (listing(run_dir), metrics(run_dir)) == before
+    assert (run_dir / "slurm" / "config.yaml").read_text() == "as submitted\n"

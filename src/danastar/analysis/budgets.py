@@ -20,29 +20,25 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from danastar.analysis import multiplier, seeds
+from danastar.analysis import multiplier, records, seeds
 from danastar.analysis.records import Run, complete_runs
 from danastar.errors import UserError
-
-
-def _lr_key(lr: float) -> float:
-    return float(f"{lr:.4g}")  # the same LR written by different runs with float noise
 
 
 def sweep_budget(runs: Sequence[Run]) -> int:
     """The budget (iterations) at which the most distinct LRs were run; ties: the longest."""
     lrs: dict[int, set[float]] = {}
     for run in runs:
-        lrs.setdefault(run.iterations, set()).add(_lr_key(run.lr))
+        lrs.setdefault(run.iterations, set()).add(records.lr_key(run.lr))
     return max(lrs, key=lambda steps: (len(lrs[steps]), steps))
 
 
 def lr_sweep_runs(runs: Sequence[Run]) -> list[Run]:
-    """Per (optimizer, size), only the runs at its sweep budget: the ones an LR is chosen
-    from. Runs at other budgets (the best LR trained shorter or longer) are left out."""
-    by_key: dict[tuple[str, tuple[str, int]], list[Run]] = {}
+    """Per (optimizer, dataset, size), only the runs at its sweep budget: the ones an LR is
+    chosen from. Runs at other budgets (the best LR trained shorter or longer) are left out."""
+    by_key: dict[tuple, list[Run]] = {}
     for run in runs:
-        by_key.setdefault((run.group, run.size), []).append(run)
+        by_key.setdefault((run.group, run.data, run.size), []).append(run)
     kept = []
     for group_runs in by_key.values():
         budget = sweep_budget(group_runs)
@@ -56,9 +52,9 @@ def best_lr_runs(runs: Sequence[Run]) -> list[Run]:
     at_budget = [r for r in runs if r.iterations == sweep_budget(runs)]
     losses: dict[float, dict[int, float]] = {}
     for run in at_budget:
-        losses.setdefault(_lr_key(run.lr), {})[run.seed] = run.final_loss
+        losses.setdefault(records.lr_key(run.lr), {})[run.seed] = run.final_loss
     best = seeds.best_lr(losses)
-    return [r for r in runs if _lr_key(r.lr) == best]
+    return [r for r in runs if records.lr_key(r.lr) == best]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,12 +122,16 @@ def within_size_multipliers(runs: Sequence[Run], baseline: str = "adamw"
                             ) -> list[BudgetMultiplier]:
     """Every other optimizer's best-LR runs, per size and budget, against the baseline's
     budget curve at that size (see the module docstring). Sizes without baseline runs are
-    skipped; UserError when no size has a usable baseline curve."""
+    skipped; UserError when no size has a usable baseline curve, when the runs are on more
+    than one dataset, or when two runs of one budget and LR have the same seed."""
     complete = complete_runs(runs, "a compute multiplier")
+    records.one_dataset(complete, "a compute multiplier within one size")
+    records.check_distinct_seeds(complete)
     by_key: dict[tuple[str, tuple[str, int]], list[Run]] = {}
     for run in complete:
         by_key.setdefault((run.group, run.size), []).append(run)
-    base_groups = [g for g, _ in by_key if g.split(" ")[0] == baseline]
+    baseline = records.match_optimizer({g for g, _ in by_key}, baseline)
+    base_groups = [g for g, _ in by_key if g == baseline]
     if not base_groups:
         found = sorted({g for g, _ in by_key})
         raise UserError(f"no complete {baseline} runs found (optimizers: {', '.join(found)}); "

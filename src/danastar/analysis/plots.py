@@ -16,7 +16,7 @@ import numpy as np
 from danastar.analysis import budgets, fits, lrlaw, multiplier, seeds, sensitivity
 from danastar.analysis import experts as expert_stats
 from danastar.analysis import tau as tau_maths
-from danastar.analysis.records import Run, complete_runs
+from danastar.analysis.records import Run, complete_runs, dataset_labels
 from danastar.analysis.table import Best, check_baseline
 from danastar.errors import UserError
 
@@ -180,9 +180,11 @@ def scaling(best: Sequence[Best], baseline: str = "adamw", fit: str = "auto"):
 
 def curves(runs: Sequence[Run], x: str = "compute"):
     """Validation loss against compute (PFH), tokens or steps, log-log: one colour per
-    optimizer, one shade per size (darker is larger); partial runs thinner."""
+    optimizer, one shade per size (darker is larger); partial runs thinner. Runs on several
+    datasets: each label names its dataset."""
     figure, (ax,) = _figure()
     sizes = sorted({r.lr_law_params for r in runs})
+    datasets = dataset_labels(runs)
     seen = set()
     drawn = 0
     for run in sorted(runs, key=lambda r: (r.group, r.lr_law_params, r.lr, r.seed)):
@@ -192,6 +194,8 @@ def curves(runs: Sequence[Run], x: str = "compute"):
             continue
         base = run.optimizer
         label = f"{_label(run.group, base)} {run.arch} h{run.heads}"
+        if len(datasets) > 1:
+            label += f" on {datasets[run.data]}"
         ax.plot(*zip(*keep), linestyle=linestyle(base), marker=".", markersize=3,
                 linewidth=1.4 if run.complete else 0.7,
                 color=_shade(colour(base), sizes.index(run.lr_law_params), len(sizes)),

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,29 +22,71 @@ from danastar.errors import UserError
 
 COMPLETE = "complete"
 PARTIAL = "partial"
+# metrics.jsonl fields read as numbers: a record holding anything else there is unreadable
+NUMBER_FIELDS = ("step", "tokens", "val_loss", "train_loss", "tokens_per_s")
+
+
+class UnreadableRun(UserError):
+    """A run directory whose files cannot be read or parsed; `find_runs` leaves it out with a
+    line naming it, so that one damaged run does not hide the others."""
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    """The JSON object in ``path``; {} when there is no such file."""
+    if not path.exists():
         return {}
-
-
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    records = []
     try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return records
-    for line in lines:
+        found = json.loads(path.read_text())
+    except OSError as error:
+        raise UnreadableRun(f"{path} cannot be read ({error.strerror or error})") from None
+    except UnicodeDecodeError:
+        raise UnreadableRun(f"{path} is not UTF-8 text") from None
+    except json.JSONDecodeError as error:
+        raise UnreadableRun(f"{path} is not valid JSON ({error.msg} at line {error.lineno})"
+                            ) from None
+    if not isinstance(found, dict):
+        raise UnreadableRun(f"{path} holds a JSON {type(found).__name__}, not an object")
+    return found
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int], int, bool]:
+    """The readable records of metrics.jsonl, the numbers of the lines that are not (not JSON,
+    not an object, or a field of NUMBER_FIELDS that is not a number), the count of lines, and
+    whether the last line is cut short (no newline after it)."""
+    if not path.exists():
+        return [], [], 0, False
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as error:
+        raise UnreadableRun(f"{path} cannot be read ({error.strerror or error})") from None
+    lines = text.splitlines()
+    records, bad = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a killed run
-            continue
-        if isinstance(record, dict):
+        except json.JSONDecodeError:  # a line cut short by a killed run, or garbled
+            record = None
+        if isinstance(record, dict) and all(_is_number(record[key]) for key in NUMBER_FIELDS
+                                            if key in record):
             records.append(record)
-    return records
+        else:
+            bad.append(number)
+    return records, bad, len(lines), bool(text) and not text.endswith("\n")
+
+
+def _lines_note(path: Path, bad: list[int], total: int, cut: bool) -> str:
+    shown = ", ".join(str(n) for n in bad[:5]) + (", ..." if len(bad) > 5 else "")
+    note = (f"{len(bad)} of the {total} lines of {path} could not be read and were left out "
+            f"(line{'s' if len(bad) > 1 else ''} {shown})")
+    if cut and bad == [total]:
+        note += "; the last line was cut short, as a killed run leaves it"
+    return note
 
 
 @dataclasses.dataclass
@@ -53,6 +96,22 @@ class Run:
     config: dict[str, Any]
     metrics: list[dict[str, Any]]
     status: dict[str, Any]
+    identity: dict[str, Any] = dataclasses.field(default_factory=dict)  # run.json's
+    notes: list[str] = dataclasses.field(default_factory=list)  # what could not be read
+
+    @property
+    def dataset(self) -> str | None:
+        """The dataset as named when the run was started (run.json, else config.yaml)."""
+        data = self.config.get("data")
+        name = self.identity.get("dataset") or (data.get("dataset")
+                                                if isinstance(data, dict) else None)
+        return None if name is None else str(name)
+
+    @property
+    def data(self) -> tuple[str, str]:
+        """What the run trained on, for grouping: (dataset name, fingerprint of its token
+        files); "" for what an older run directory does not record."""
+        return (self.dataset or "", str(self.identity.get("dataset_fingerprint") or ""))
 
     @property
     def name(self) -> str:
@@ -238,44 +297,195 @@ def optimizer_label(optimizer: str, kappa: float | None = None,
 
 
 def read_run(path: Path) -> Run:
+    """The run in ``path``; UnreadableRun (a UserError) when one of its files exists but cannot
+    be read or parsed, or its plan lacks what the tables need."""
     plan_file = _read_json(path / "plan.json")
+    run_file = _read_json(path / "run.json")
+    for name, part in (("plan.json", plan_file.get("plan", plan_file)),
+                       ("run.json", run_file.get("plan", {}))):
+        if not isinstance(part, dict):
+            raise UnreadableRun(f"{path / name} holds a plan that is not a JSON object")
     plan = dict(plan_file.get("plan", plan_file))
     if "batch_layout" in plan_file:
         plan["batch_layout"] = plan_file["batch_layout"]
-    plan.update(_read_json(path / "run.json").get("plan", {}))
+    plan.update(run_file.get("plan", {}))
+    config_path = path / "config.yaml"
+    config: Any = {}
+    if config_path.exists():
+        try:
+            config = yaml.safe_load(config_path.read_text()) or {}
+        except OSError as error:
+            raise UnreadableRun(f"{config_path} cannot be read ({error.strerror or error})"
+                                ) from None
+        except (UnicodeDecodeError, yaml.YAMLError):
+            raise UnreadableRun(f"{config_path} is not valid YAML") from None
+    notes = []
     try:
-        config = yaml.safe_load((path / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        config = {}
-    return Run(path=path, plan=plan, config=config if isinstance(config, dict) else {},
-               metrics=_read_metrics(path / "metrics.jsonl"),
-               status=_read_json(path / "status.json"))
+        status = _read_json(path / "status.json")
+    except UnreadableRun as error:  # only the "failed" state comes from it
+        status = {}
+        notes.append(f"{error}; its state is read from metrics.jsonl alone")
+    metrics, bad, total, cut = _read_metrics(path / "metrics.jsonl")
+    if bad:
+        notes.append(_lines_note(path / "metrics.jsonl", bad, total, cut))
+    identity = run_file.get("identity")
+    run = Run(path=path, plan=plan, config=config if isinstance(config, dict) else {},
+              metrics=metrics, status=status,
+              identity=identity if isinstance(identity, dict) else {}, notes=notes)
+    try:  # what every table and figure reads from the plan
+        for name in ("arch", "heads", "optimizer", "lr", "seed", "global_batch", "iterations",
+                     "non_embedding", "lr_law_params", "total_params", "dataset"):
+            getattr(run, name)
+    except KeyError as error:
+        raise UnreadableRun(f"{path / 'plan.json'} has no {error.args[0]!r}") from None
+    except (TypeError, ValueError, AttributeError):
+        raise UnreadableRun(f"{path / 'plan.json'} (or config.yaml) holds a value of the wrong "
+                            f"type where {name} is read") from None
+    return run
 
 
 def _is_run_dir(path: Path) -> bool:
     return (path / "plan.json").is_file()
 
 
-def find_runs(paths: Iterable[str | Path]) -> list[Run]:
-    """Every run directory given, or found below a directory given (a sweep), sorted by path.
+def _moved_aside(run_dir: Path, root: Path) -> bool:
+    """Whether ``run_dir`` is (inside) a ``previous-<time>/`` folder of a run directory."""
+    for folder in (run_dir, *run_dir.parents):
+        if folder == root:
+            return False
+        if folder.name.startswith("previous-") and any(
+                (folder.parent / name).exists() for name in ("plan.json", "run.json")):
+            return True
+    return False
 
-    Raises UserError for a missing path, or when no run is found at all."""
+
+def _default_note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def find_runs(paths: Iterable[str | Path],
+              note: Callable[[str], None] | None = None) -> list[Run]:
+    """Every run directory given, or found below a directory given (a sweep), sorted by path.
+    An earlier run that ``train`` moved aside into ``previous-<time>/`` inside a run directory
+    is not a run of the table unless given itself.
+
+    ``note`` (default: standard error) hears one line for each run left out because its files
+    cannot be read, and for each run with lines of metrics.jsonl that could not be read.
+    Raises UserError for a missing path, or when no (readable) run is found at all."""
+    say = note or _default_note
     paths = [Path(p) for p in paths]
     found: list[Path] = []
+    aside = 0
     for path in paths:
         if not path.exists():
             raise UserError(f"{path} does not exist; give run directories or sweep directories.")
         if _is_run_dir(path):
             found.append(path)
-        else:
-            found.extend(sorted(p.parent for p in path.rglob("plan.json")
-                                if "checkpoints" not in p.parts))
+            continue
+        for plan in sorted(path.rglob("plan.json")):
+            inside = plan.parent.relative_to(path).parts
+            if "checkpoints" in inside:
+                continue
+            if _moved_aside(plan.parent, path):
+                aside += 1
+                continue
+            found.append(plan.parent)
     if not found:
         where = ", ".join(str(p) for p in paths)
         raise UserError(f"no run directories (with a plan.json) under {where}; point at a run "
                         "directory or at a sweep directory that holds runs.")
-    unique = sorted(set(found))
-    return [read_run(p) for p in unique]
+    if aside:
+        say(f"left out {aside} earlier run(s) moved aside into previous-<time>/ folders; give "
+            "such a folder itself to include it")
+    runs = []
+    for path in sorted(set(found)):
+        try:
+            run = read_run(path)
+        except UnreadableRun as error:
+            say(f"left out {path}: {error}; restore the file or move the run directory away")
+            continue
+        for line in run.notes:
+            say(line)
+        runs.append(run)
+    if not runs:
+        raise UserError(f"none of the {len(set(found))} run directories found can be read (each "
+                        "is named above); restore their files or give other directories.")
+    return runs
+
+
+def dataset_labels(runs: Sequence[Run]) -> dict[tuple[str, str], str]:
+    """A name per `Run.data` for tables and legends: the dataset's name, with the start of
+    its fingerprint where one name stands for different token files."""
+    keys = {run.data for run in runs}
+    labels = {}
+    for name, fingerprint in keys:
+        shared = sum(1 for other, _ in keys if other == name) > 1
+        label = name or "?"
+        if shared:
+            label += f" ({fingerprint[:8]})" if fingerprint else " (no fingerprint)"
+        labels[(name, fingerprint)] = label
+    return labels
+
+
+def one_dataset(runs: Sequence[Run], what: str) -> None:
+    """UserError when ``runs`` were trained on more than one dataset: ``what`` compares runs
+    on one."""
+    labels = dataset_labels(runs)
+    if len(labels) > 1:
+        raise UserError(f"{what} compares runs on one dataset, and these runs were trained on "
+                        f"{len(labels)} ({', '.join(sorted(labels.values()))}); give the "
+                        "directories of one dataset (danastar results shows each run's).")
+
+
+def lr_key(lr: float) -> float:
+    return float(f"{lr:.4g}")  # the same LR written by different runs with float noise
+
+
+def check_distinct_seeds(runs: Sequence[Run]) -> None:
+    """UserError when two complete runs of one optimizer, dataset, size, budget and LR have the
+    same seed: averaged as seeds they would count one trajectory twice."""
+    cells: dict[tuple, dict[int, Run]] = {}
+    labels = dataset_labels(runs)
+    for run in runs:
+        if not run.complete:
+            continue
+        cell = cells.setdefault((run.group, run.data, run.size, run.iterations,
+                                 lr_key(run.lr)), {})
+        other = cell.setdefault(run.seed, run)
+        if other is run:
+            continue
+        differ = _differences(other, run)
+        raise UserError(
+            f"{other.path} and {run.path} are both seed {run.seed} of {run.group} at "
+            f"{run.arch} h{run.heads}, LR {run.lr:.4g}, {run.iterations} steps, on "
+            f"{labels[run.data]} ({differ}), so they cannot be averaged as seeds; give the "
+            "directories without one of them, or train it with another --seed.")
+
+
+def _differences(a: Run, b: Run) -> str:
+    first, second = (a.identity, b.identity) if a.identity and b.identity else (a.plan, b.plan)
+    keys = [k for k in sorted({*first, *second}) if first.get(k) != second.get(k)]
+    if not keys:
+        return "the same settings: a repeat of one run"
+    shown = "; ".join(f"{k}: {first.get(k)} vs {second.get(k)}" for k in keys[:3])
+    return f"they differ in {shown}" + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
+def match_optimizer(labels: Iterable[str], wanted: str) -> str:
+    """The optimizer label (name with κ, clipsnr) that ``wanted`` names: the label itself, or
+    an optimizer name that one label has (``adana`` for ``adana κ=0.85``); ``wanted``
+    unchanged when nothing matches (the caller says what was found). UserError when a name
+    matches several labels."""
+    labels = set(labels)
+    wanted = wanted.strip().replace("kappa=", "κ=")
+    if wanted in labels:
+        return wanted
+    matches = sorted(label for label in labels if label.split(" ")[0] == wanted)
+    if len(matches) > 1:
+        listed = ", ".join(f"'{m}'" for m in matches)
+        raise UserError(f"--vs {wanted} matches {len(matches)} optimizers ({listed}); name one "
+                        f"of them, e.g. --vs '{matches[0]}'.")
+    return matches[0] if matches else wanted
 
 
 def complete_runs(runs: Sequence[Run], what: str) -> list[Run]:

@@ -8,18 +8,21 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from danastar.analysis import budgets, multiplier, seeds
+from danastar.analysis import budgets, multiplier, records, seeds
 from danastar.analysis.records import Run, complete_runs
 from danastar.errors import UserError
 
-COLUMNS = ("run", "arch", "heads", "optimizer", "lr", "omega", "batch", "steps", "tokens",
-           "pfh", "final_loss", "best_loss", "tokens_per_s", "state")
-BEST_COLUMNS = ("optimizer", "arch", "heads", "lr", "seeds", "final_loss", "final_loss_se",
-                "pfh", "total_params", "runs_at_size")
+COLUMNS = ("run", "arch", "heads", "dataset", "optimizer", "lr", "omega", "batch", "steps",
+           "tokens", "pfh", "final_loss", "best_loss", "tokens_per_s", "state")
+BEST_COLUMNS = ("optimizer", "arch", "heads", "dataset", "lr", "seeds", "final_loss",
+                "final_loss_se", "pfh", "total_params", "runs_at_size")
 
 
-def run_row(run: Run) -> dict[str, Any]:
-    return {"run": run.name, "arch": run.arch, "heads": run.heads, "optimizer": run.group,
+def run_row(run: Run, labels: dict[tuple[str, str], str] | None = None) -> dict[str, Any]:
+    """One run's row; ``labels``: `records.dataset_labels` of all the table's runs."""
+    dataset = (labels or records.dataset_labels([run]))[run.data]
+    return {"run": run.name, "arch": run.arch, "heads": run.heads,
+            "dataset": None if dataset == "?" else dataset, "optimizer": run.group,
             "lr": run.lr, "omega": run.omega, "batch": run.global_batch,
             "steps": f"{run.steps_done}/{run.iterations}", "tokens": run.tokens,
             "pfh": run.pfh, "final_loss": run.final_loss, "best_loss": run.best_loss,
@@ -28,7 +31,8 @@ def run_row(run: Run) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Best:
-    """The best LR of one (optimizer, size): its runs (one per seed) and their mean loss."""
+    """The best LR of one (optimizer, dataset, size): its runs (one per seed) and their mean
+    loss."""
 
     optimizer: str  # the group label (name with κ, clipsnr)
     base_optimizer: str
@@ -38,6 +42,8 @@ class Best:
     loss: seeds.MeanSE
     runs: tuple[Run, ...]
     runs_at_size: int  # complete runs of this optimizer at this size (all LRs)
+    data: tuple[str, str] = ("", "")  # Run.data of its runs
+    dataset: str | None = None  # its display name (records.dataset_labels)
 
     @property
     def pfh(self) -> float:
@@ -53,31 +59,35 @@ class Best:
 
     def row(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer, "arch": self.arch, "heads": self.heads,
-                "lr": self.lr, "seeds": self.loss.n, "final_loss": self.loss.mean,
+                "dataset": None if self.dataset == "?" else self.dataset,
+                "lr": self.lr, "seeds": len({r.seed for r in self.runs}),
+                "final_loss": self.loss.mean,
                 "final_loss_se": None if math.isnan(self.loss.se) else self.loss.se,
                 "pfh": self.pfh, "total_params": self.total_params,
                 "runs_at_size": self.runs_at_size}
 
 
-def _lr_key(lr: float) -> float:
-    return float(f"{lr:.4g}")  # the same LR written by different runs with float noise
-
-
 def best_per_size(runs: Sequence[Run]) -> list[Best]:
-    """Per (optimizer group, arch, heads), the best LR (``seeds.best_lr``: the lowest mean
-    final loss over the seeds every LR has) among the runs at the sweep budget
+    """Per (optimizer group, dataset, arch, heads), the best LR (``seeds.best_lr``: the lowest
+    mean final loss over the seeds every LR has) among the runs at the sweep budget
     (``budgets.lr_sweep_runs``), with the mean over all its seeds; partial runs left out.
-    Sorted by optimizer, then size."""
-    groups: dict[tuple[str, str, int], dict[float, list[Run]]] = {}
-    for run in budgets.lr_sweep_runs(complete_runs(runs, "choosing the best LR")):
-        groups.setdefault((run.group, run.arch, run.heads), {}).setdefault(
-            _lr_key(run.lr), []).append(run)
+    Runs on different data (`Run.data`) are never pooled; UserError when two runs of one LR
+    have the same seed (``records.check_distinct_seeds``). Sorted by optimizer, dataset, then
+    size."""
+    complete = complete_runs(runs, "choosing the best LR")
+    records.check_distinct_seeds(complete)
+    labels = records.dataset_labels(complete)
+    groups: dict[tuple[str, tuple[str, str], str, int], dict[float, list[Run]]] = {}
+    for run in budgets.lr_sweep_runs(complete):
+        groups.setdefault((run.group, run.data, run.arch, run.heads), {}).setdefault(
+            records.lr_key(run.lr), []).append(run)
     best = []
-    for (group, arch, heads), by_lr in sorted(groups.items()):
+    for (group, data, arch, heads), by_lr in sorted(groups.items()):
         stats = {lr: seeds.mean_se([r.final_loss for r in rs]) for lr, rs in by_lr.items()}
         lr = seeds.best_lr({lr: {r.seed: r.final_loss for r in rs} for lr, rs in by_lr.items()})
         best.append(Best(group, by_lr[lr][0].optimizer, arch, heads, lr, stats[lr],
-                         tuple(by_lr[lr]), sum(len(rs) for rs in by_lr.values())))
+                         tuple(by_lr[lr]), sum(len(rs) for rs in by_lr.values()), data,
+                         labels[data]))
     return best
 
 
@@ -86,17 +96,20 @@ def baseline_points(best: Sequence[Best], baseline: str) -> list[tuple[float, fl
 
 
 def check_baseline(best: Sequence[Best], baseline: str) -> list[tuple[float, float]]:
-    """The baseline's (PFH, loss) points; UserError when it has fewer than two sizes."""
+    """The baseline's (PFH, loss) points; UserError when it has fewer than two sizes. ``best``
+    holds the runs of one dataset."""
     points = baseline_points(best, baseline)
+    datasets = {b.dataset for b in best} - {None, "?"}
+    on = f" on {datasets.pop()}" if len(datasets) == 1 else ""
     if len(points) >= 2 and any(b[1] <= a[1] for a, b in zip(points[1:], points)):
         losses = ", ".join(f"{loss:.4g}" for _, loss in points)
-        raise UserError(f"{baseline}'s best final losses do not decrease with compute ({losses}, "
-                        "smallest size first), so no compute multiplier can be read from them; "
-                        "train longer or add sizes.")
+        raise UserError(f"{baseline}'s best final losses{on} do not decrease with compute "
+                        f"({losses}, smallest size first), so no compute multiplier can be read "
+                        "from them; train longer or add sizes.")
     if len(points) < 2:
         have = sorted({b.optimizer for b in best})
         raise UserError(f"a compute multiplier against {baseline} needs complete {baseline} runs "
-                        f"at two or more sizes, found {len(points)} (optimizers found: "
+                        f"at two or more sizes{on}, found {len(points)} (optimizers found: "
                         f"{', '.join(have)}); run the baseline too, or pick it with --vs.")
     return points
 
@@ -106,23 +119,25 @@ def with_multipliers(best: Sequence[Best], baseline: str,
     """The best rows with the measured multiplier vs ``baseline`` (1 for the baseline itself)
     and how it was obtained (interpolated or extrapolated); with ``runs``, also the fraction of
     compute saved: how early any complete run of the optimizer at that size first reached the
-    baseline's best final loss there (None if none did)."""
-    points = check_baseline(best, baseline)
-    base_loss = {(b.arch, b.heads): b.loss.mean for b in best if b.optimizer == baseline}
+    baseline's best final loss there (None if none did). Each dataset's rows against the
+    baseline on that dataset."""
+    points = {data: check_baseline([b for b in best if b.data == data], baseline)
+              for data in dict.fromkeys(b.data for b in best)}
+    base_loss = {(b.data, b.arch, b.heads): b.loss.mean for b in best if b.optimizer == baseline}
     rows = []
     for b in best:
         row = b.row()
         if b.optimizer == baseline:
             row["multiplier"], row["multiplier_kind"] = 1.0, "baseline"
         else:
-            (m,) = multiplier.measured_multipliers(points, [(b.pfh, b.loss.mean)])
+            (m,) = multiplier.measured_multipliers(points[b.data], [(b.pfh, b.loss.mean)])
             row["multiplier"], row["multiplier_kind"] = m.multiplier, m.kind
         row["saved_fraction"] = None
-        if runs and b.optimizer != baseline and (b.arch, b.heads) in base_loss:
+        here = (b.data, b.arch, b.heads)
+        if runs and b.optimizer != baseline and here in base_loss:
             curves = [r.curve("compute") for r in runs if r.complete and r.group == b.optimizer
-                      and r.size == (b.arch, b.heads)]
-            crossing = multiplier.compute_saved(base_loss[(b.arch, b.heads)],
-                                                [c for c in curves if c[0]])
+                      and r.data == b.data and r.size == (b.arch, b.heads)]
+            crossing = multiplier.compute_saved(base_loss[here], [c for c in curves if c[0]])
             row["saved_fraction"] = None if crossing is None else crossing.fraction_saved
         rows.append(row)
     return rows

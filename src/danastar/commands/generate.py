@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
+import sys
 import warnings
 from pathlib import Path
 
 from danastar.errors import UserError
+
+DEVICES = re.compile(r"auto|cpu|cuda(?::([0-9]+))?")
 
 
 def main(argv: list[str]) -> int:
@@ -32,10 +37,15 @@ def main(argv: list[str]) -> int:
                         help="0 is greedy (default 0.8)")
     parser.add_argument("--top_k", type=int, default=50, help="0 keeps all (default 50)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     args = parser.parse_args(argv)
-    if args.tokens < 1 or args.temperature < 0 or args.top_k < 0:
-        raise UserError("--tokens must be at least 1 and --temperature, --top_k not negative.")
+    if args.tokens < 1:
+        raise UserError(f"--tokens {args.tokens} must be at least 1.")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise UserError(f"--temperature {args.temperature:g} must be a finite number >= 0 (0 is "
+                        "greedy; 0.8 the default).")
+    if args.top_k < 0:
+        raise UserError(f"--top_k {args.top_k} must be >= 0 (0 keeps every token).")
     print(generate(Path(args.path), args.prompt, tokens=args.tokens,
                    temperature=args.temperature, top_k=args.top_k or None, seed=args.seed,
                    device=args.device))
@@ -56,12 +66,45 @@ def find_checkpoint(path: Path) -> tuple[Path, Path, dict]:
         raise UserError(f"{path} is neither a run directory (with config.yaml) nor a checkpoint "
                         f"folder (with {META_FILE}); give one of them.")
     # Not Checkpointer.find_latest: that sets corrupt checkpoints aside, and this only reads.
+    skipped = []
     for candidate in reversed(Checkpointer(path / "checkpoints", sharded=False).checkpoints()):
-        meta, _ = verify(candidate)
+        meta, problem = verify(candidate)
         if meta is not None:
+            for newer, why in skipped:
+                _say(f"checkpoint {newer} cannot be used ({why}); sampling from the older "
+                     f"{candidate.name} instead.")
             return path, candidate, meta
+        skipped.append((candidate, problem))
+    if skipped:
+        listed = "; ".join(f"{c.name}: {why}" for c, why in skipped)
+        raise UserError(f"run {path} has no usable checkpoint ({listed}); train it further or "
+                        f"name another checkpoint folder.")
     raise UserError(f"run {path} has no complete checkpoint yet; train it further or name a "
                     f"checkpoint folder.")
+
+
+def _say(message: str) -> None:
+    print(f"danastar generate: {message}", file=sys.stderr, flush=True)
+
+
+def pick_device(requested: str):
+    """The torch device `--device` names: auto (a GPU when one is visible), cpu, cuda, cuda:N."""
+    import torch
+
+    text = requested.strip().lower()
+    match = DEVICES.fullmatch(text)
+    if match is None:
+        raise UserError(f"--device {requested!r} is not known; use auto, cpu, cuda or cuda:N.")
+    if text == "cpu" or (text == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {requested} asks for a GPU, but no CUDA device is visible; "
+                        "use --device cpu (or auto).")
+    index, count = int(match.group(1) or 0), torch.cuda.device_count()
+    if index >= count:
+        raise UserError(f"--device {requested}: {count} CUDA device(s) are visible (cuda:0 to "
+                        f"cuda:{count - 1}); name one of them.")
+    return torch.device("cuda", index)
 
 
 def load_model(run_dir: Path, checkpoint: Path, layout: str, device):
@@ -103,10 +146,9 @@ def generate(path: Path, prompt: str, *, tokens: int, temperature: float, top_k:
 
     from danastar.data.loader import TokenData
     from danastar.data.prepare import ensure_prepared
-    from danastar.train.parallel import choose_device
 
+    device = pick_device(device)
     run_dir, checkpoint, meta = find_checkpoint(path)
-    device = choose_device(device)
     model, config = load_model(run_dir, checkpoint, meta["layout"], device)
     tokenizer = None
     if config.data.dataset != "synthetic":
@@ -119,10 +161,26 @@ def generate(path: Path, prompt: str, *, tokens: int, temperature: float, top_k:
         except ValueError:
             raise UserError("this run's data has no tokenizer; give the prompt as token ids "
                             "separated by spaces, e.g. --prompt '1 2 3'.") from None
-    room = model.config.max_seq_len - len(ids)
+    vocab = model.config.vocab_size
+    outside = sorted({i for i in ids if not 0 <= i < vocab})
+    if outside and tokenizer is None:
+        raise UserError(f"--prompt holds token id(s) {', '.join(map(str, outside[:5]))} outside "
+                        f"this model's vocabulary of {vocab} (ids 0 to {vocab - 1}); give ids "
+                        "in that range.")
+    if outside:
+        raise UserError(f"the tokenizer of {config.data.dataset} turns --prompt into id(s) up to "
+                        f"{outside[-1]}, outside this model's vocabulary of {vocab}: the data was "
+                        "prepared again with another tokenizer after the run trained; prepare it "
+                        "with the run's tokenizer to sample from this run.")
+    context = model.config.max_seq_len
+    room = context - len(ids)
     if room < 1:
-        raise UserError(f"the prompt is {len(ids)} tokens, as long as the model's context "
-                        f"({model.config.max_seq_len}); give a shorter prompt.")
+        raise UserError(f"--prompt is {len(ids)} tokens, as long as the model's context "
+                        f"({context}); give a shorter --prompt.")
+    if tokens > room:
+        _say(f"stopped after {room} new tokens, at the model's context of {context} tokens (the "
+             f"prompt takes {len(ids)}); ask for --tokens {room} or fewer, or give a shorter "
+             "--prompt.")
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(torch.tensor([ids], device=device), min(tokens, room),

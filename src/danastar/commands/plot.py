@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+from danastar import durable
 from danastar.analysis import budgets, experts, plots, records, table, tau
 from danastar.errors import UserError
 
@@ -67,21 +69,30 @@ def main(argv: list[str]) -> int:
         raise UserError("--top_k must be at least 1, --bootstrap at least 0 and --min_lrs at "
                         "least 3 (a parabola has three coefficients).")
     out = args.out or Path(args.kind)
+    for suffix in (".png", ".pdf"):
+        durable.check_output(out.with_suffix(suffix), "--out")
     if args.kind in ("tau", "experts"):
         figure = (_tau_figure(args) if args.kind == "tau"
                   else plots.experts(experts.snapshots(args.dirs, args.step)))
-        for path in plots.save(figure, out):
-            print(f"wrote {path}")
+        _save(figure, out)
         return 0
-    runs = records.find_runs(args.dirs)
+    runs = records.find_runs(args.dirs, note=_say)
+    if args.kind != "curves":  # curves draws every run apart, each labelled with its dataset
+        records.one_dataset(runs, f"a {args.kind} figure")
+        records.check_distinct_seeds(runs)
+    baseline = args.vs
+    if args.kind in ("scaling", "within-size"):
+        baseline = records.match_optimizer({r.group for r in runs}, args.vs)
+        if baseline != args.vs:
+            print(f"--vs {args.vs} is {baseline}")
     if args.kind == "scaling":
-        figure = plots.scaling(table.best_per_size(runs), baseline=args.vs, fit=args.fit)
+        figure = plots.scaling(table.best_per_size(runs), baseline=baseline, fit=args.fit)
         if figure.fit is not None:
             print(f"floor a = {figure.fit.floor:.4g}, R² = {figure.fit.r2:.4f}")
     elif args.kind == "lr-sweep":
         figure = plots.lr_sweeps(runs)
     elif args.kind == "within-size":
-        figure = plots.within_size(budgets.within_size_multipliers(runs, args.vs), args.vs)
+        figure = plots.within_size(budgets.within_size_multipliers(runs, baseline), baseline)
     elif args.kind == "curves":
         figure = plots.curves(runs, x=args.x)
     elif args.kind == "lrlaw":
@@ -106,9 +117,22 @@ def main(argv: list[str]) -> int:
                     continue
                 print(f"{group} {arch} h{heads}: curvature ζ = {p.curvature:.4g}, "
                       f"lr* = {p.best_lr:.3g}, L* = {p.best_loss:.4f}")
-    for path in plots.save(figure, out):
-        print(f"wrote {path}")
+    _save(figure, out)
     return 0
+
+
+def _say(message: str) -> None:
+    print(f"danastar plot: {message}", file=sys.stderr, flush=True)
+
+
+def _save(figure, out: Path) -> None:
+    try:
+        written = plots.save(figure, out)
+    except OSError as error:
+        raise UserError(f"--out {out} could not be written ({error.strerror or error}); free "
+                        "space or give --out a path in a writable folder.") from None
+    for path in written:
+        print(f"wrote {path}")
 
 
 def _tau_figure(args):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from danastar.data.prepare import default_data_dir, prepare_source
-from danastar.data.sources import SOURCES
+from danastar.data.sources import SOURCES, make_cache_folder
 from danastar.errors import UserError
 
 
@@ -98,7 +98,7 @@ def main(argv: list[str]) -> int:
     if out is None:
         if source not in SOURCES:
             raise UserError("--out is required for local files; give the output directory.")
-        out = default_data_dir(source)
+        out = make_cache_folder(default_data_dir(source).parent) / source
     progress = not args.pop("no_progress")
     options = {key: value for key, value in args.items() if value is not None}
     meta = prepare_source(source, out, progress=progress, **options)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from danastar import durable
 from danastar.analysis import budgets, records, table
 from danastar.errors import UserError
 
@@ -110,43 +111,57 @@ def render(rows: list[dict[str, Any]], columns: Sequence[str], *, rich_ok: bool)
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _write(target: str, text: str) -> None:
+def _write(target: str, text: str, flag: str) -> None:
     if target == "-":
         sys.stdout.write(text)
     else:
-        Path(target).write_text(text)
+        durable.write_output(Path(target), text, flag)
+
+
+def _say(message: str) -> None:
+    print(f"danastar results: {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    runs = records.find_runs(args.dirs)
     if args.within_size and not args.vs:
         raise UserError("--within_size compares against a baseline; add --vs, e.g. --vs adamw.")
+    for flag, target in (("--csv", args.csv), ("--json", args.json)):
+        if target is not None and target != "-":
+            durable.check_output(Path(target), flag)
+    runs = records.find_runs(args.dirs, note=_say)
+    baseline = args.vs and records.match_optimizer({r.group for r in runs}, args.vs)
     if args.within_size:
-        rows = [r.row() for r in budgets.within_size_multipliers(runs, args.vs)]
+        rows = [r.row() for r in budgets.within_size_multipliers(runs, baseline)]
         columns = WITHIN_SIZE_COLUMNS
     elif args.vs:
-        rows = table.with_multipliers(table.best_per_size(runs), args.vs, runs)
+        rows = table.with_multipliers(table.best_per_size(runs), baseline, runs)
         columns = table.BEST_COLUMNS + ("multiplier", "saved_fraction")
     elif args.best:
         rows = [b.row() for b in table.best_per_size(runs)]
         columns = table.BEST_COLUMNS
     else:
-        rows = [table.run_row(r) for r in runs]
+        labels = records.dataset_labels(runs)
+        rows = [table.run_row(r, labels) for r in runs]
         columns = table.COLUMNS
+    matched = f"--vs {args.vs} is {baseline}" if args.vs and baseline != args.vs else None
     if args.csv:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else list(columns))
         writer.writeheader()
         writer.writerows(rows)
-        _write(args.csv, buffer.getvalue())
+        _write(args.csv, buffer.getvalue(), "--csv")
     if args.json:
-        _write(args.json, json.dumps(rows, indent=1) + "\n")
+        _write(args.json, json.dumps(rows, indent=1) + "\n", "--json")
     if args.csv or args.json:
+        if matched:
+            _say(matched)
         return 0
     print(render(rows, columns, rich_ok=sys.stdout.isatty()))
+    if matched:
+        print(f"({matched})")
     if any(row.get("multiplier_kind", "").startswith("extrap") for row in rows):
-        print(f"* extrapolated beyond the range of {args.vs}'s losses")
+        print(f"* extrapolated beyond the range of {baseline}'s losses")
     partial = sum(1 for r in runs if not r.complete)
     if partial and (args.best or args.vs):
         print(f"({partial} partial run(s) left out)")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from danastar.config import batch_layout, default_run_dir, load_config
+from danastar.config import TrainConfig, batch_layout, default_run_dir, load_config
 from danastar.errors import UserError
 from danastar.launch import clusters as cluster_registry
 from danastar.launch import slurm
@@ -71,6 +71,7 @@ def main(argv: list[str]) -> int:
     if any(a == "--nproc" or a.startswith(("--nproc=", "parallel.nproc=")) for a in train_argv):
         raise UserError("danastar submit starts one process per GPU through SLURM; use "
                         "--gpus_per_node (or --tasks_per_node) instead of --nproc.")
+    slurm.check_request(args)  # the job's own values as SLURM reads them, before any work
     profile, choice = choose_profile(args)
     job = plan_job(args, train_argv, profile)
     slurm.check_signal_lead(job.time, job.signal_lead)
@@ -127,21 +128,20 @@ def plan_job(args, train_argv: list[str], profile) -> slurm.Job:
     if args.array:
         sweep = load_sweep(args.array)
         root = runs_root(args, profile) / sweep.name
-        runs = []
-        for point in sweep.points():
-            point_argv = [*train_argv, *point.train_argv()]
-            run_dir = root / point.name
-            point_argv = finish_run(point_argv, run_dir, world, profile, point.lr_multiplier,
-                                    write=not args.dry_run)
-            runs.append((run_dir, point_argv))
+        checked = [checked_run([*train_argv, *point.train_argv()], root / point.name, world,
+                               profile, point.lr_multiplier) for point in sweep.points()]
         name, home = sweep.name, root
     else:
         config, _ = load_config(train_argv)
         run_dir = Path(config.logging.run_dir).expanduser().resolve() if config.logging.run_dir \
             else runs_root(args, profile) / default_run_dir(config).name
-        runs = [(run_dir, finish_run(train_argv, run_dir, world, profile, None,
-                                     write=not args.dry_run))]
+        checked = [checked_run(train_argv, run_dir, world, profile, None)]
         name, home = run_dir.name, run_dir
+    # Every run is checked (its resume too) before any run directory is written.
+    runs = [(run_dir, point_argv) for run_dir, point_argv, _plan, _config in checked]
+    if not args.dry_run:
+        for run_dir, _argv, plan, config in checked:
+            record_plan(run_dir, plan, config)
 
     def setting(flag_value, profile_field, default):
         if flag_value not in (None, ""):
@@ -174,6 +174,26 @@ def finish_run(train_argv: list[str], run_dir: Path, world: int, profile,
     """Validate one run's arguments as training will (config, batch layout, plan), apply the
     profile's micro-batch cap and an LR multiplier, record the plan; returns the final
     arguments (what the script shows and the config records)."""
+    train_argv, extra, plan, config = validated_run(train_argv, world, profile, lr_multiplier)
+    if write:
+        record_plan(run_dir, plan, config)
+    return [*train_argv, *extra]
+
+
+def checked_run(train_argv: list[str], run_dir: Path, world: int, profile,
+                lr_multiplier: float | None) -> tuple[Path, list[str], dict, TrainConfig]:
+    """(run directory, final arguments, plan, config) of one run of the job, validated as
+    `finish_run` does, and refused as `danastar train` would refuse to resume the run that
+    `run_dir` holds (the same sentence); writes nothing."""
+    from danastar.commands.train import check_resume
+
+    train_argv, extra, plan, config = validated_run(train_argv, world, profile, lr_multiplier)
+    check_resume(config, run_dir, world)
+    return run_dir, [*train_argv, *extra], plan, config
+
+
+def validated_run(train_argv: list[str], world: int, profile, lr_multiplier: float | None):
+    """(arguments without --run_dir, arguments the job adds, plan, config) of one run."""
     from danastar.commands.train import dry_run
 
     train_argv = without_run_dir(train_argv)  # the script gives every run its own, absolute
@@ -195,13 +215,15 @@ def finish_run(train_argv: list[str], run_dir: Path, world: int, profile,
         extra += [f"optim.lr={format_value(float(lr))}"]
         config, _ = load_config([*train_argv, *extra])
         plan = dry_run(config, world_size=world)
-    if not write:
-        return [*train_argv, *extra]
+    return train_argv, extra, plan, config
+
+
+def record_plan(run_dir: Path, plan: dict, config) -> None:
+    """The plan and configuration a job was checked against, in `<run_dir>/slurm/`."""
     (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
     (run_dir / "slurm" / "plan.json").write_text(json.dumps(plan, indent=1, default=str))
     (run_dir / "slurm" / "config.yaml").write_text(yaml.safe_dump(config.to_dict(),
                                                                   sort_keys=False))
-    return [*train_argv, *extra]
 
 
 def without_run_dir(argv: list[str]) -> list[str]:

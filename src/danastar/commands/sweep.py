@@ -10,8 +10,18 @@ LR and arguments, to `<runs_root>/<name>/sweep.json`; each run's output to
 `<runs_root>/<name>/logs/<point>.log`. A run is complete when its metrics.jsonl holds the final
 validation record at step == iterations; re-running the sweep skips complete runs and resumes
 the others from their checkpoints, so a sweep survives whatever a single run survives.
+
+Re-running an edited sweep file is the resume check of `danastar train` for each point that has
+trained (`danastar.train.identity`): a point whose settings are unchanged is skipped or resumed,
+one whose `train.iterations` grew on a schedule that allows it is trained on, and any other
+change is refused, naming the point's run directory and the change, before anything is trained
+or written (sweep.json included).
+
 Arguments after the sweep file that are not the sweep's own are passed to every run's
-`danastar train` (e.g. `--no_wandb`, `train.device=cpu`).
+`danastar train` (e.g. `--no_wandb`, `train.device=cpu`). A flag or `section.key=value` given
+there overrides the file's `base:` for every point (and is then part of each run's settings,
+checked as above when the sweep is run again); one that sets a key the file's `grid:` varies is
+refused, and so is `--run_dir` (the sweep names its runs' directories: use `--runs_root`).
 """
 
 from __future__ import annotations
@@ -23,12 +33,13 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Optional
 
-from danastar.config import load_config
+from danastar.config import load_config, name_too_long
 from danastar.errors import UserError
-from danastar.launch.sweep_spec import SweepPoint, load_sweep, run_state
+from danastar.launch.sweep_spec import Sweep, SweepPoint, load_sweep, run_state
 from danastar.train.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 
@@ -38,8 +49,12 @@ class PlannedRun:
     run_dir: Path
     argv: list[str]  # for `danastar train`, --run_dir included
     lr: float
-    state: dict  # run_state(run_dir)
+    state: dict  # run_state(run_dir, iterations)
     processes: int  # parallel.nproc of the run
+    iterations: int  # the total the run is to reach
+    # the changes (`name: old → new`) by which the run recorded in run_dir is another run than
+    # this point's settings make: `danastar train` would refuse to resume it
+    refused: list[str] = field(default_factory=list)
 
 
 def main(argv: list[str]) -> int:
@@ -58,41 +73,157 @@ def main(argv: list[str]) -> int:
         raise UserError(f"--parallel must be at least 1 (got {args.parallel}).")
 
     sweep = load_sweep(args.spec)
+    given = command_line_keys(train_argv)
+    check_command_line(sweep, given)
     root = Path(args.runs_root).expanduser().resolve() / sweep.name
-    runs = [plan_run(sweep.name, point, root, train_argv) for point in sweep.points()]
+    # A dry run prepares no data: where it is not prepared yet, the runs are not compared.
+    runs = [plan_run(sweep.name, overridden(point, given), root, train_argv,
+                     prepare=not args.dry_run) for point in sweep.points()]
+    refuse_changed_runs(sweep.name, runs)  # before anything is written
     if args.dry_run:
         print_runs(runs)
         return 0
     root.mkdir(parents=True, exist_ok=True)
-    write_expanded(root, sweep, runs)
-    return run_all(runs, root, args.parallel, sweep.name)
+    from danastar.rundir import lock as run_lock
+
+    # One sweep process per sweep folder (each run holds its own run directory's lock as well).
+    with run_lock.hold(root, "danastar sweep", "use another --runs_root") as unlocked:
+        if unlocked:
+            print(f"danastar sweep: {unlocked}", file=sys.stderr)
+        write_expanded(root, sweep, runs, train_argv)
+        return run_all(runs, root, args.parallel, sweep.name)
 
 
-def plan_run(sweep_name: str, point: SweepPoint, root: Path, train_argv: list[str]) -> PlannedRun:
+def command_line_keys(train_argv: list[str]) -> dict[str, str]:
+    """The config keys that the arguments passed to every run set, each with how it was given
+    (`--seed`, `train.seed=7`); `preset` for `--config`. A mistake in them is left to the runs'
+    own parsing, which names it."""
+    from danastar.config import FLAGS, SWITCHES, build_parser
+
+    try:
+        args, _ = build_parser().parse_known_intermixed_args(train_argv)
+    except UserError:
+        return {}
+    given = {}
+    for name, value in vars(args).items():
+        if name in FLAGS:
+            given[FLAGS[name][0]] = f"--{name}"
+        elif name in SWITCHES:
+            given[SWITCHES[name][0]] = f"--{name}"
+        elif name == "config":
+            given["preset"] = "--config"
+        elif name in ("wandb", "auto_resume"):
+            key = "logging.wandb" if name == "wandb" else "checkpoint.auto_resume"
+            given[key] = f"--{'' if value else 'no_'}{name}"
+    for item in getattr(args, "overrides", []):
+        key, _, _ = item.partition("=")
+        given[key.strip()] = item
+    return given
+
+
+def check_command_line(sweep: Sweep, given: dict[str, str]) -> None:
+    """The sweep names its runs' directories, and what its grid varies is the file's to say."""
+    if "logging.run_dir" in given:
+        raise UserError(f"{given['logging.run_dir']} is not for a sweep, which puts each run in "
+                        f"<runs_root>/{sweep.name}/<point>; choose where with --runs_root "
+                        f"instead.")
+    grid = {("preset" if key == "config" else key): values for key, values in sweep.grid.items()}
+    if "optim.lr" in given and "lr_multiplier" in grid:
+        grid["optim.lr"] = grid["lr_multiplier"]  # the same LR, as a multiple of the law's
+    for key, how in given.items():
+        if key in grid:
+            where = f"sweep file {sweep.source}" if sweep.source else f"sweep {sweep.name}"
+            varied = "lr_multiplier" if key == "optim.lr" and "optim.lr" not in sweep.grid else key
+            raise UserError(f"{how} sets {key} for every run, but {where} varies {varied} in "
+                            f"its grid ({', '.join(map(str, grid[key]))}); remove {how} from "
+                            f"the command line, or {varied} from the grid.")
+
+
+def overridden(point: SweepPoint, given: dict[str, str]) -> SweepPoint:
+    """The point with the file's base values that the command line sets taken out, so that the
+    command line's win (a dotted override would otherwise beat a flag whatever their order)."""
+    return replace(point, overrides={key: value for key, value in point.overrides.items()
+                                     if key not in given},
+                   preset=None if "preset" in given else point.preset,
+                   lr_multiplier=None if "optim.lr" in given else point.lr_multiplier)
+
+
+def plan_run(sweep_name: str, point: SweepPoint, root: Path, train_argv: list[str],
+             prepare: bool = True) -> PlannedRun:
     """Resolve one point as `danastar submit --array` does (the same checks, the same LR from
-    `lr_multiplier`), so that both ways of running a sweep train the same runs."""
+    `lr_multiplier`), so that both ways of running a sweep train the same runs; where the point
+    has trained before, compare its settings with the recorded ones as `danastar train` does."""
     from danastar.commands.submit import finish_run
+    from danastar.commands.train import dry_run
+    from danastar.train import identity
+    from danastar.train.data import open_tokens
 
     run_dir = root / point.name
+    too_long = name_too_long(run_dir)
+    if too_long:
+        raise UserError(f"sweep {sweep_name}: run directory {run_dir} {too_long}; shorten the "
+                        f"sweep's name or --runs_root, or the grid's keys and values (they name "
+                        f"each run).")
     argv = [*train_argv, *point.train_argv()]
     try:
         world = load_config(argv)[0].parallel.nproc
         argv = finish_run(argv, run_dir, world, None, point.lr_multiplier, write=False)
         config, _ = load_config(argv)
+        plan = dry_run(config)["plan"]
+        iterations, refused = plan["iterations"], []
+        if identity.has_earlier_run(run_dir):
+            tokens = open_tokens(config, prepare=prepare)
+            if tokens is not None:
+                current = identity.planned_identity(config, config.parallel.nproc, tokens)
+                iterations = current["iterations"]
+                refused = refused_changes(identity.recorded_changes(run_dir, current),
+                                          iterations)
     except UserError as error:
         raise UserError(f"sweep {sweep_name}, run {point.name}: {error}") from None
-    from danastar.commands.train import dry_run
-
-    lr = dry_run(config)["plan"]["lr"]
+    state = run_state(run_dir, iterations)
+    if refused and not config.checkpoint.auto_resume:
+        # --no_auto_resume: `train` moves the earlier run aside and trains this one afresh
+        refused, state = [], {"state": "afresh", "step": 0, "iterations": iterations}
     return PlannedRun(point, run_dir, [*argv, "--run_dir", str(run_dir), "logging.progress=false"],
-                      lr, run_state(run_dir), config.parallel.nproc)
+                      plan["lr"], state, config.parallel.nproc, iterations, refused)
 
 
-def write_expanded(root: Path, sweep, runs: list[PlannedRun]) -> None:
-    """sweep.json: the sweep's definition and every run with its grid values and resolved LR."""
+def refused_changes(changes: Optional[tuple[int, list[str], list[str]]], iterations: int
+                    ) -> list[str]:
+    """The changes of `identity.recorded_changes` that `train` refuses, and a shorter total than
+    the run has trained (which `train` would call finished, and the sweep would misdescribe)."""
+    if changes is None:
+        return []
+    step, refused, accepted = changes
+    if step > iterations:
+        refused = [*refused, *(f"{change} (it has trained {step} steps)" for change in accepted
+                               if change.startswith("iterations:"))]
+    return refused
+
+
+def refuse_changed_runs(sweep_name: str, runs: list[PlannedRun]) -> None:
+    """Refuse a sweep whose runs have trained with other settings than the file now gives them,
+    as `danastar train` refuses such a resume (a longer run on a schedule that allows it is
+    trained on)."""
+    problems = [(run, run.refused) for run in runs if run.refused]
+    if not problems:
+        return
+    (first, refused), others = problems[0], len(problems) - 1
+    more = (f", and {others} more of its runs {'was' if others == 1 else 'were'} too"
+            if others else "")
+    raise UserError(f"sweep {sweep_name}: {first.run_dir} was trained with other settings than "
+                    f"the sweep now gives it ({'; '.join(refused)}){more}; to keep those runs, "
+                    f"give the changed sweep file another name (its name: key) or another "
+                    f"--runs_root, or undo the change to go on with them (--no_auto_resume moves "
+                    f"them aside and trains them afresh).")
+
+
+def write_expanded(root: Path, sweep, runs: list[PlannedRun], train_argv: list[str]) -> None:
+    """sweep.json: the sweep's definition, the arguments given to every run, and every run with
+    its grid values and resolved LR."""
     record = {
         "name": sweep.name, "source": str(sweep.source) if sweep.source else None,
-        "base": sweep.base, "grid": sweep.grid,
+        "base": sweep.base, "grid": sweep.grid, "command_line": train_argv,
         "runs": [{"name": run.point.name, "run_dir": str(run.run_dir), "varied": run.point.varied,
                   "lr_multiplier": run.point.lr_multiplier, "lr": run.lr,
                   "train_argv": run.argv} for run in runs],
@@ -113,6 +244,8 @@ def describe(state: dict) -> str:
         return "complete"
     if state["state"] == "partial":
         return f"resume at step {state['step']} of {state['iterations']}"
+    if state["state"] == "afresh":
+        return "afresh (the earlier run moved aside)"
     return "new"
 
 
@@ -182,7 +315,7 @@ def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int
                 log.close()
                 del running[slot]
                 slots.append(slot)
-                state = run_state(run.run_dir)
+                state = run_state(run.run_dir, run.iterations)
                 if state["state"] == "complete":
                     bar.update(1)
                     bar.write(f"{run.point.name}: complete")

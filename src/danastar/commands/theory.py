@@ -16,6 +16,7 @@ import math
 import time
 from pathlib import Path
 
+from danastar import durable
 from danastar.errors import UserError
 
 FIGURES = ("compare", "scaling", "exponents", "kappa")
@@ -77,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The longest horizon: step counts past 2^53 (about 9e15) are not whole numbers in float64.
+MAX_STEPS = 10**15
+DEFAULT_D = {"compare": 500, "exponents": 1000, "kappa": 1000}
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise UserError(message)
@@ -85,59 +91,135 @@ def _check(condition: bool, message: str) -> None:
 def _integer_steps(value: float | None, flag: str) -> int | None:
     if value is None:
         return None
-    _check(math.isfinite(value) and value >= 1, f"{flag} must be a number of steps >= 1, "
-                                                 f"got {value:g}.")
+    _check(math.isfinite(value) and 1 <= value <= MAX_STEPS,
+           f"{flag} must be a number of steps from 1 to {MAX_STEPS:.0e}, got {value:g}.")
     return int(round(value))
 
 
 def _validate(args) -> None:
-    _check(args.alpha > 0, f"--alpha must be > 0, got {args.alpha:g}.")
-    _check(args.beta > 0, f"--beta must be > 0, got {args.beta:g}.")
+    for flag, value in (("--alpha", args.alpha), ("--beta", args.beta)):
+        _check(math.isfinite(value) and value > 0,
+               f"{flag} must be a finite number > 0, got {value:g}.")
     _check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}.")
     _check(0 < args.dtau <= 0.1, f"--dtau must be in (0, 0.1], got {args.dtau:g}.")
     if getattr(args, "d", None) is not None:
         _check(args.d >= 2, f"--d must be >= 2, got {args.d}.")
     if getattr(args, "v", None) is not None:
-        d = args.d if args.d is not None else {"compare": 500, "exponents": 1000,
-                                               "kappa": 1000}[args.figure]
+        d = args.d if args.d is not None else DEFAULT_D[args.figure]
         _check(args.v >= d, f"--v must be >= d = {d}, got {args.v}; pass a larger --v.")
 
 
+def _horizon_fits(d: int, alpha: float, factor: float, what: str, fix: str) -> None:
+    """The horizon factor·d^(2α) (computed in logs: it can overflow a float) must stay within
+    MAX_STEPS."""
+    log_steps = math.log(factor) + 2 * alpha * math.log(d)
+    _check(log_steps <= math.log(MAX_STEPS),
+           f"{what} is about 10^{log_steps / math.log(10):.0f} steps (d = {d}, α = {alpha:g}), "
+           f"more than {MAX_STEPS:.0e}; {fix}.")
+
+
 def parse_optimizer(text: str):
-    """`name:lr=1e-3,key=value,...` -> TorchOptimizer (numbers parsed as floats)."""
+    """`name:lr=1e-3,key=value,...` -> TorchOptimizer (numbers parsed as floats), checked by
+    building the optimizer once on a small tensor (UserError naming --optim otherwise)."""
+    import torch
+
+    from danastar.optim import build_optimizer
     from danastar.optim.registry import resolve
     from danastar.theory.simulate import TorchOptimizer
 
     name, _, rest = text.partition(":")
-    hparams = {}
+    name = name.strip()
+    hparams: dict = {}
     for item in filter(None, rest.split(",")):
         key, sep, value = item.partition("=")
-        _check(bool(sep), f"--optim {text!r}: write options as key=value, e.g. adana:lr=1e-3.")
+        key = key.strip()
+        _check(bool(sep) and bool(key), f"--optim {text!r}: write options as key=value, e.g. "
+                                        "adana:lr=1e-3.")
+        _check(key not in hparams, f"--optim {text!r} sets {key} twice; give it once.")
         try:
-            hparams[key.strip()] = float(value)
+            hparams[key] = float(value)
         except ValueError:
-            hparams[key.strip()] = value.strip()
+            hparams[key] = value.strip()
     _check("lr" in hparams, f"--optim {text!r} needs a learning rate: e.g. {name}:lr=1e-3.")
     try:
         resolve(name)
     except ValueError as error:
         raise UserError(f"--optim {text!r}: {error}.") from None
     lr = hparams.pop("lr")
+    _check(isinstance(lr, float) and math.isfinite(lr) and lr > 0,
+           f"--optim {text!r}: lr must be a number > 0, e.g. {name}:lr=1e-3.")
+    try:
+        build_optimizer(name, [torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))], lr=lr,
+                        **hparams)
+    except (ValueError, TypeError) as error:
+        raise UserError(f"--optim {text!r}: {error}.") from None
     return TorchOptimizer(name, float(lr), hparams)
 
 
-def _parse_list(text: str, flag: str, cast):
-    try:
-        return [cast(item) for item in text.split(",") if item.strip()]
-    except ValueError:
-        raise UserError(f"{flag} must be comma-separated numbers, got {text!r}.") from None
+def _parse_list(text: str, flag: str, cast, example: str):
+    """Comma-separated numbers, at least one, none twice; UserError naming ``flag``."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    kind = "whole numbers" if cast is int else "numbers"
+    _check(bool(items), f"{flag} is empty; give comma-separated {kind}, e.g. {flag} {example}.")
+    values = []
+    for item in items:
+        try:
+            value = cast(item) if cast is int else float(item)
+        except ValueError:
+            raise UserError(f"{flag} must be comma-separated {kind} (e.g. {flag} {example}), "
+                            f"got {item!r} in {text!r}.") from None
+        _check(math.isfinite(value), f"{flag} must hold finite numbers, got {item!r}.")
+        _check(value not in values, f"{flag} lists {item} twice; give each value once.")
+        values.append(value)
+    return values
+
+
+def _inputs(args) -> dict:
+    """Every input of the figure, parsed and range-checked before any work."""
+    T = _integer_steps(args.T, "--T")
+    d = getattr(args, "d", None) or DEFAULT_D.get(args.figure)
+    if T is None and args.figure in ("compare", "exponents"):
+        _horizon_fits(d, args.alpha, 1.0, "the default horizon T = d^(2α)",
+                      "give --T, or a smaller --d or --alpha")
+    inputs: dict = {"T": T}
+    if args.figure == "compare":
+        inputs["optimizers"] = [parse_optimizer(text) for text in args.optim]
+        inputs["sim_steps"] = (0 if args.sim_steps == 0
+                               else _integer_steps(args.sim_steps, "--sim-steps"))
+        _check(args.seeds >= 1, f"--seeds must be >= 1, got {args.seeds}.")
+        _check(args.seed >= 0, f"--seed must be >= 0, got {args.seed}.")
+    elif args.figure == "scaling":
+        ds = _parse_list(args.ds, "--ds", int, "100,200,400,800")
+        _check(len(ds) >= 2 and min(ds) >= 2, f"--ds needs two or more sizes >= 2, got {args.ds}.")
+        _check(math.isfinite(args.v_ratio) and args.v_ratio >= 1,
+               f"--v-ratio must be >= 1, got {args.v_ratio:g}.")
+        _check(T is None, "scaling sets each run's length with --T-factor, not --T.")
+        _check(math.isfinite(args.T_factor) and args.T_factor > 0,
+               f"--T-factor must be > 0, got {args.T_factor:g}.")
+        _horizon_fits(max(ds), args.alpha, args.T_factor,
+                      "the largest size's horizon T-factor·d^(2α)",
+                      "give a smaller --T-factor, --ds or --alpha")
+        inputs["ds"] = ds
+    elif args.figure == "kappa":
+        kappas = None
+        if args.kappas is not None:
+            kappas = _parse_list(args.kappas, "--kappas", float, "0,0.25,0.5,0.75")
+            outside = [k for k in kappas if not 0 <= k < 1]
+            _check(not outside, f"--kappas must lie in [0, 1) (the damping exponent; ADana's κ "
+                                f"is 1 − it), got {', '.join(f'{k:g}' for k in outside)}.")
+        inputs["kappas"] = kappas
+    return inputs
 
 
 def _write(out: Path, name: str, data: dict, figure) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
     png, data_file = out / f"{name}.png", out / f"{name}.json"
-    figure.savefig(png, dpi=120)
-    data_file.write_text(json.dumps(data, indent=1) + "\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        figure.savefig(png, dpi=120)
+        durable.write_atomic(data_file, json.dumps(data, indent=1) + "\n")
+    except OSError as error:
+        raise UserError(f"--out {out} could not be written ({error.strerror or error}); free "
+                        "space or give --out a writable folder.") from None
     return [png, data_file]
 
 
@@ -148,28 +230,21 @@ def main(argv: list[str]) -> int:
         parser.print_help()
         return 2
     _validate(args)
+    inputs = _inputs(args)
+    durable.check_output(args.out, "--out", folder=True)
     from danastar.theory import figures
 
-    T = _integer_steps(args.T, "--T")
+    T = inputs["T"]
     started = time.perf_counter()
     common = dict(alpha=args.alpha, beta=args.beta, batch=args.batch, dtau=args.dtau)
     if args.figure == "compare":
-        optimizers = [parse_optimizer(text) for text in args.optim]
-        sim_steps = (0 if args.sim_steps == 0
-                     else _integer_steps(args.sim_steps, "--sim-steps"))
-        _check(args.seeds >= 1, f"--seeds must be >= 1, got {args.seeds}.")
-        data = figures.compare_data(d=args.d or 500, v=args.v, T=T, sim_steps=sim_steps,
-                                    seeds=args.seeds, seed=args.seed, optimizers=optimizers,
-                                    **common)
+        data = figures.compare_data(d=args.d or 500, v=args.v, T=T,
+                                    sim_steps=inputs["sim_steps"], seeds=args.seeds,
+                                    seed=args.seed, optimizers=inputs["optimizers"], **common)
         figure = figures.plot_compare(data)
     elif args.figure == "scaling":
-        ds = _parse_list(args.ds, "--ds", int)
-        _check(len(ds) >= 2 and min(ds) >= 2, f"--ds needs two or more sizes >= 2, got {args.ds}.")
-        _check(args.v_ratio >= 1, f"--v-ratio must be >= 1, got {args.v_ratio:g}.")
-        _check(T is None, "scaling sets each run's length with --T-factor, not --T.")
-        _check(args.T_factor > 0, f"--T-factor must be > 0, got {args.T_factor:g}.")
-        data = figures.scaling_data(ds=ds, v_ratio=args.v_ratio, T_factor=args.T_factor,
-                                    **common)
+        data = figures.scaling_data(ds=inputs["ds"], v_ratio=args.v_ratio,
+                                    T_factor=args.T_factor, **common)
         figure = figures.plot_scaling(data)
         for key, envelope in data["envelopes"].items():
             print(f"{data['names'][key]:>16}: risk ~ compute^-{envelope['compute_exponent']:.3f}")
@@ -178,9 +253,8 @@ def main(argv: list[str]) -> int:
         figure = figures.plot_exponents(data)
         print(figures.exponents_table(data))
     else:
-        kappas = None if args.kappas is None else _parse_list(args.kappas, "--kappas", float)
-        data = figures.kappa_data(d=args.d or 1000, v=args.v, T=T or 100_000, kappas=kappas,
-                                  **common)
+        data = figures.kappa_data(d=args.d or 1000, v=args.v, T=T or 100_000,
+                                  kappas=inputs["kappas"], **common)
         figure = figures.plot_kappa(data)
         for horizon, best in data["best_kappa"].items():
             print(f"t = {float(horizon):.0e}: best κ = {best:.2f} (ADana κ = {1 - best:.2f})")

@@ -38,14 +38,24 @@ def main(argv: list[str]) -> int:
     from danastar.launch.env import export_torch_environment
 
     export_torch_environment()
+    from danastar.launch.local import launch, under_torchrun
+
+    worker = under_torchrun()  # one of N processes: rank 0 decides about the run directory
+    planning = getattr(args, "dry_run", False)
+    if not planning and not worker:
+        # A run directory in use by another live process is said first (rank 0 takes its lock
+        # when the run starts; this only looks).
+        from danastar.rundir.lock import check_free
+
+        check_free(run_directory(config), "use another --run_dir")
     # What training would refuse is refused here, as the dry run does: once (not by each of N
     # workers), before data is prepared, a process is started or a file is written.
     planned = dry_run(config)
-    if getattr(args, "dry_run", False):
+    if not worker:
+        check_resume(config, run_directory(config), planned["batch_layout"]["world_size"])
+    if planning:
         print(json.dumps(planned, indent=2))
         return 0
-    from danastar.launch.local import launch, under_torchrun
-
     if not under_torchrun():
         # Facts of this machine, which a dry run (planning for any machine) does not check: here
         # they are refused once rather than by each worker, and before data is prepared.
@@ -125,6 +135,25 @@ def dry_run(config: TrainConfig, world_size: int | None = None) -> dict:
         "vocab_size_from": vocab_from,
         "config": config.to_dict(),
     }
+
+
+def check_resume(config: TrainConfig, run_dir: Path, world_size: int) -> None:
+    """Refuse, as training would when it resumes (the same sentence), to continue the run that
+    `run_dir` holds with settings that change its trajectory. Reads the directory, writes nothing;
+    data not prepared yet is compared by training once it is."""
+    from danastar.train import identity
+    from danastar.train.data import open_tokens
+
+    if not config.checkpoint.auto_resume or not identity.has_earlier_run(run_dir):
+        return  # training starts afresh there, moving an earlier run aside
+    tokens = open_tokens(config, prepare=False)
+    if tokens is None:
+        return
+    changes = identity.recorded_changes(run_dir, identity.planned_identity(config, world_size,
+                                                                          tokens))
+    if changes is not None and changes[1]:
+        step, refused, _accepted = changes
+        raise identity.refusal(run_dir, step, refused)
 
 
 def check_this_machine(config: TrainConfig) -> None:

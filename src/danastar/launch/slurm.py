@@ -16,6 +16,7 @@ preemption) reaches the workers from SLURM itself; the script then leaves the de
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import subprocess
 import sys
@@ -226,29 +227,70 @@ exit "$CODE"
 """
 
 
-def time_limit_seconds(text: str) -> int | None:
-    """Seconds of a SLURM time limit (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`); None when
-    it is empty, `infinite` or not understood (sbatch then judges it)."""
-    text = text.strip()
-    days = 0
-    if "-" in text:
-        head, _, text = text.partition("-")
-        if not head.isdigit():
-            return None
-        days = int(head)
-    parts = text.split(":") if text else []
-    if not parts or not all(part.isdigit() for part in parts) or len(parts) > 3:
+# sbatch --time, as SLURM's own parser reads it (src/common/parse_time.c, time_str2secs)
+TIME_FORMATS = ("minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes "
+                "or days-hours:minutes:seconds (e.g. 90, 4:00:00 or 1-12:00), or 0 or infinite "
+                "for no limit")
+_DAYS_TIME = re.compile(r"([0-9]+)-(?:([0-9]+)(?::([0-9]+)(?::([0-9]+))?)?)?")
+_CLOCK_TIME = re.compile(r"([0-9]+)(?::([0-9]+)(?::([0-9]+))?)?")
+NO_TIME_LIMIT = ("-1", "infinite", "unlimited")
+# sbatch --mem: a whole number of megabytes, or with a unit K, M, G, T (a B may follow)
+MEMORY = re.compile(r"[0-9]+(?:[KMGT]B?)?", re.IGNORECASE)
+
+
+def time_limit_seconds(text: str, what: str = "--time") -> int | None:
+    """Seconds of a SLURM time limit as sbatch reads it: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`,
+    `D-H:M:S` (and `D-`, which sbatch takes for whole days); None for no limit (empty: not
+    given; `0`, `-1`, `infinite`, `unlimited`). UserError naming ``what`` for anything else
+    (`24h`, `1:2:3:4`)."""
+    text = str(text).strip()
+    if not text or text.lower() in NO_TIME_LIMIT:
         return None
-    numbers = [int(part) for part in parts]
-    if days:  # D-H, D-H:M, D-H:M:S
-        hours, minutes, seconds = (numbers + [0, 0])[:3]
-    elif len(numbers) == 1:
-        hours, minutes, seconds = 0, numbers[0], 0
-    elif len(numbers) == 2:
-        hours, minutes, seconds = 0, numbers[0], numbers[1]
+    days = _DAYS_TIME.fullmatch(text)
+    clock = _CLOCK_TIME.fullmatch(text)
+    if days:
+        day, hours, minutes, seconds = (int(group or 0) for group in days.groups())
+    elif clock:
+        numbers = [int(group) for group in clock.groups() if group is not None]
+        day, (hours, minutes, seconds) = 0, (numbers if len(numbers) == 3
+                                             else [0, *numbers, 0][:3])
     else:
-        hours, minutes, seconds = numbers
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+        raise UserError(f"{what} {text!r} is not a SLURM time limit; write it as {TIME_FORMATS}.")
+    return (((day * 24 + hours) * 60 + minutes) * 60 + seconds) or None
+
+
+def check_memory(text: str, what: str = "--mem") -> None:
+    """A memory size as sbatch --mem reads it; UserError naming ``what`` otherwise."""
+    if not MEMORY.fullmatch(str(text).strip()):
+        raise UserError(f"{what} {text!r} is not a SLURM memory size; write a whole number of "
+                        "megabytes, or one with a unit K, M, G or T (e.g. 64G; 0 asks for all "
+                        "of a node's memory).")
+
+
+def check_word(text: str, what: str) -> None:
+    """A value written into an #SBATCH line (partition, account, qos): one word."""
+    if any(char.isspace() for char in text):
+        raise UserError(f"{what} {text!r} is not one word; give the name SLURM knows it by.")
+
+
+def check_request(args) -> None:
+    """The job's own flags (`danastar submit`'s, not train's) as SLURM reads them, before
+    anything is planned or written."""
+    minimums = (("nodes", 1, ""), ("gpus_per_node", 0, " (0 for a job without GPUs)"),
+                ("tasks_per_node", 1, ""), ("cpus_per_task", 1, " (leave it out for the "
+                                                                "default)"),
+                ("max_restarts", 0, ""), ("signal_lead", 0, " seconds"))
+    for name, minimum, unit in minimums:
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            raise UserError(f"--{name} {value} must be at least {minimum}{unit}.")
+    if getattr(args, "time", None):
+        time_limit_seconds(args.time, "--time")
+    if getattr(args, "mem", None):
+        check_memory(args.mem, "--mem")
+    for name in ("partition", "account", "qos"):
+        if getattr(args, name, None) is not None:
+            check_word(getattr(args, name), f"--{name}")
 
 
 def check_signal_lead(time_limit: str, signal_lead: int) -> None:

@@ -165,19 +165,23 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def run_state(run_dir: Path | str) -> dict:
+def run_state(run_dir: Path | str, iterations: int | None = None) -> dict:
     """{"state": "complete" | "partial" | "new", "step", "iterations"} of one run directory.
 
     Complete: metrics.jsonl holds the final validation record (`final: true`) at step ==
-    iterations (from plan.json). Partial: the run has started (a plan or metrics exist) and is
-    resumed from its latest checkpoint when trained again. New: nothing there yet."""
+    iterations (from plan.json, or `iterations` when given: the total the run is to reach, which
+    is more than its plan.json records when a sweep file extends its runs). Partial: the run has
+    started (a plan or metrics exist) and is resumed from its latest checkpoint when trained
+    again. New: nothing there yet."""
     import json
 
     run_dir = Path(run_dir)
     try:
-        iterations = json.loads((run_dir / "plan.json").read_text())["plan"]["iterations"]
+        recorded = json.loads((run_dir / "plan.json").read_text())["plan"]["iterations"]
     except (OSError, ValueError, KeyError, TypeError):
-        iterations = None
+        recorded = None
+    started = recorded is not None
+    iterations = recorded if iterations is None else iterations
     step, final_at = 0, None
     try:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -193,7 +197,7 @@ def run_state(run_dir: Path | str) -> dict:
             final_at = record.get("step")
     if iterations is not None and final_at == iterations:
         state = "complete"
-    elif iterations is not None or lines:
+    elif started or lines:
         state = "partial"
     else:
         state = "new"

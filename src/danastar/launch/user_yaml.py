@@ -14,7 +14,10 @@ from danastar.errors import UserError
 def read_user_yaml(path: Path, what: str) -> Any:
     """The parsed contents of ``path``; ``what`` names the file in messages ("sweep file")."""
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise UserError(f"{what} {path} is not UTF-8 text (byte {error.object[error.start]:#04x} "
+                        f"at offset {error.start}); save it as UTF-8.") from None
     except OSError as error:
         raise UserError(f"cannot read the {what} {path} ({error.strerror}); give an existing "
                         f"YAML file.") from None

@@ -29,7 +29,7 @@ def _figure(ncols: int = 1, width: float = 7.0, height: float = 5.0):
     except ImportError:
         from danastar.errors import UserError
 
-        raise UserError("the theory figures need matplotlib: pip install 'danastar[plots]' "
+        raise UserError("the theory figures need matplotlib: pip install 'danastar[theory]' "
                         "(or pip install matplotlib).") from None
     figure = Figure(figsize=(width * ncols, height), layout="constrained")
     axes = figure.subplots(1, ncols, squeeze=False)[0]

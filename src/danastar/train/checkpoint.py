@@ -24,7 +24,6 @@ so the step is the data position.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import random
@@ -40,16 +39,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from danastar.durable import fsync_file, publish_dir, sha256
+from danastar.durable import fsync_file, out_of_space, publish_dir, sha256
 from danastar.errors import UserError
 
 CHECKPOINT_NAME = re.compile(r"^(latest|permanent)-(\d{8})$")
 CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, set aside for inspection
-# A full disk (or quota): the save is abandoned cleanly, not reported as a crash.
-NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 STATE_FILE = "state.pt"  # single/DDP: everything in one file
 RUN_STATE_FILE = "run_state.pt"  # DCP: the non-tensor run state beside the shards
 META_FILE = "meta.json"
+MIN_FREE_BYTES = 1 << 20  # what a run's records need to start, when no checkpoint says more
 
 
 @dataclass(frozen=True)
@@ -91,18 +89,6 @@ def gather_rng_states() -> list[dict[str, Any]]:
     states: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(states, rng_state())
     return states
-
-
-def out_of_space(error: BaseException) -> bool:
-    """Whether `error` comes from a full disk: an OSError(ENOSPC or EDQUOT) itself or anywhere in
-    its chain (torch's writer turns it into a RuntimeError about the file's position)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS:
-            return True
-        error = error.__cause__ or error.__context__
-    return False
 
 
 def save_file(obj: Any, path: Path) -> None:
@@ -345,6 +331,23 @@ class Checkpointer:
                 f"no space left in {root} while saving checkpoint {name}; the partial copy was "
                 f"removed and {kept}; free some space and run the same command again to resume."
             ) from None
+
+    def check_space(self) -> None:
+        """Refuse to start on a disk that cannot take the next checkpoint (found at the first
+        save, it would cost every step trained until then): it needs about as much room as the
+        newest checkpoint here takes, or a little for the run's records when there is none."""
+        existing = self.checkpoints()
+        needed = (sum(path.stat().st_size for path in existing[-1].rglob("*") if path.is_file())
+                  if existing else MIN_FREE_BYTES)
+        where = next(path for path in (self.directory, *self.directory.parents)
+                     if path.is_dir())
+        free = shutil.disk_usage(where).free
+        if free >= needed:
+            return
+        size = (f", and the next checkpoint needs about {needed / 2**20:.1f} MiB (the size of "
+                f"{existing[-1].name})" if existing else "")
+        raise UserError(f"no space left in {where}: {free / 2**20:.1f} MiB free{size}; free some "
+                        f"space and run the same command again (nothing was written).")
 
     def _fresh_dir(self, path: Path) -> None:
         if path.exists():

@@ -11,17 +11,36 @@ synthetic` is an in-memory power-law Markov source for smoke tests without any c
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
 
 from danastar.config import BatchLayout, TrainConfig
 from danastar.data.loader import TokenData, TrainLoader, validation_batches
-from danastar.data.prepare import ensure_prepared
+from danastar.data.prepare import default_data_dir, ensure_prepared, is_prepared
+from danastar.data.sources import SOURCES
 from danastar.train.parallel import Distributed
 
 SYNTHETIC_VOCAB_SIZE = 512
 SYNTHETIC_TRAIN_TOKENS = 400_000
+
+
+def open_tokens(config: TrainConfig, prepare: bool = True) -> Optional[TokenData]:
+    """The tokens a run reads: the synthetic source, or the prepared dataset (prepared first
+    where training prepares it on first use). `prepare=False` prepares nothing and gives None
+    for data not prepared yet (for checks that must write nothing)."""
+    seed = config.train.seed if config.data.data_seed is None else config.data.data_seed
+    dataset = config.data.dataset
+    if dataset == "synthetic":
+        return TokenData.synthetic(SYNTHETIC_VOCAB_SIZE, SYNTHETIC_TRAIN_TOKENS, seed=seed)
+    if prepare:
+        return TokenData.open(ensure_prepared(dataset))
+    candidates = [Path(dataset).expanduser()]
+    if dataset in SOURCES:
+        candidates.append(default_data_dir(dataset))
+    found = next((path for path in candidates if path.is_dir() and is_prepared(path)), None)
+    return None if found is None else TokenData.open(found)
 
 
 class TrainingData:
@@ -39,10 +58,7 @@ class TrainingData:
     @classmethod
     def open(cls, config: TrainConfig, env: Distributed, layout: BatchLayout) -> "TrainingData":
         seed = config.train.seed if config.data.data_seed is None else config.data.data_seed
-        if config.data.dataset == "synthetic":
-            tokens = TokenData.synthetic(SYNTHETIC_VOCAB_SIZE, SYNTHETIC_TRAIN_TOKENS, seed=seed)
-        else:
-            tokens = TokenData.open(ensure_prepared(config.data.dataset))
+        tokens = open_tokens(config)
         loader = TrainLoader(
             tokens,
             seq_len=layout.sequence_length,

@@ -167,6 +167,34 @@ def refusal(run_dir: Path, step: int, refused: list[str], note: str = "") -> Use
     )
 
 
+def planned_identity(config, world_size: int, tokens) -> dict[str, Any]:
+    """The identity `train` records for `config` on `world_size` processes over `tokens`, worked
+    out without building anything: for checks before a run starts."""
+    from danastar.config import batch_layout, make_run_plan
+
+    layout = batch_layout(config, world_size)
+    plan = make_run_plan(config, tokens.vocab_size, layout.data_parallel_size)
+    return run_identity(config, plan, layout, tokens)
+
+
+def recorded_changes(run_dir: Path, identity: dict[str, Any]
+                     ) -> Optional[tuple[int, list[str], list[str]]]:
+    """(step, refused, accepted) of resuming the run recorded in `run_dir` with `identity`, as
+    `train` would decide it, without touching the directory; None when `train` would not resume
+    there (no checkpoint), or when the run predates run.json (`train` compares its checkpoint's
+    plan when it starts). The step is the newest checkpoint's, read from its name and not
+    verified: a corrupt newest checkpoint makes this check stricter than `train`'s, never looser."""
+    from danastar.train.checkpoint import CHECKPOINT_NAME, Checkpointer
+
+    steps = [int(CHECKPOINT_NAME.match(path.name).group(2))
+             for path in Checkpointer(run_dir / "checkpoints", sharded=False).checkpoints()]
+    record = read_run_file(run_dir) if steps else None
+    if record is None:
+        return None
+    refused, accepted = changed_settings(record["identity"], identity, step=max(steps))
+    return max(steps), refused, accepted
+
+
 # What only a run that trained leaves: config.yaml and plan.json alone are written before the
 # first step too (by `danastar submit`, say), and are no earlier run.
 TRAINED_FILES = ("checkpoints", "metrics.jsonl", RUN_FILE)

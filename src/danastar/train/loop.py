@@ -8,8 +8,9 @@ micro-batches, syncing only on the last; clip the global gradient norm; step), l
 and checkpoint when `checkpoint_kind` says so. Batches are a pure function of the step, so
 resuming from a checkpoint reproduces the uninterrupted run exactly.
 
-Before anything is built, the run directory is checked (`open_run_dir`): a resume must be the
-same run (`train/identity.py`), and a fresh start moves an earlier run's files aside.
+Before anything is built, the run directory is taken (`open_run_dir`): rank 0 holds its lock for
+the whole run (`rundir/lock.py`: one live run per directory), a resume must be the same run
+(`train/identity.py`), and a fresh start moves an earlier run's files aside.
 
 Exit codes: 0 only when the run has reached its total iterations, 2 a user error (such as a
 diverged run, or a resume with other settings), `PREEMPTED_EXIT_CODE` (75) when a checkpoint
@@ -45,6 +46,7 @@ from danastar.errors import UserError
 from danastar.models import build_model
 from danastar.optim import apply_schedule, build_optimizer, get_schedule
 from danastar.optim.base import local
+from danastar.rundir import lock as run_lock
 from danastar.train import experts as per_expert
 from danastar.train import identity as run_identity
 from danastar.train import parallel, tau_stats
@@ -84,7 +86,8 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     notes: list[str] = []  # said once the logger exists (it writes into the run directory)
     checkpointer = Checkpointer(run_dir / "checkpoints", sharded=env.sharded,
                                 keep_latest=config.checkpoint.keep_latest, log=notes.append)
-    start = open_run_dir(run_dir, identity, config, checkpointer, env)  # before loading anything
+    # before anything is loaded or written; the lock is held until the run ends
+    start = open_run_dir(run_dir, identity, config, checkpointer, env, cleanup)
 
     # -- model, distribution, optimizer --------------------------------------------------------
     torch.manual_seed(config.train.seed)  # the same initial weights on every rank
@@ -402,14 +405,19 @@ class RunStart:
 
 
 def open_run_dir(run_dir: Path, identity: dict, config: TrainConfig, checkpointer: Checkpointer,
-                 env: parallel.Distributed) -> RunStart:
-    """Decide how this run starts in `run_dir`, on rank 0 (which alone touches the files), before
-    any checkpoint is loaded; every rank gets its answer, or raises its refusal (which rank 0
-    alone prints)."""
+                 env: parallel.Distributed, cleanup: contextlib.ExitStack) -> RunStart:
+    """Take `run_dir` and decide how this run starts there, on rank 0 (which alone touches the
+    files), before any checkpoint is loaded: rank 0 holds the directory's lock until `cleanup`
+    closes (another live process there is refused, naming it), then decides. Every rank gets
+    its answer, or raises its refusal (which rank 0 alone prints)."""
     start, problem = None, None
     if env.is_main:
         try:
+            unlocked = cleanup.enter_context(run_lock.hold(run_dir, "danastar train",
+                                                           "use another --run_dir"))
             start = decide_start(run_dir, identity, config, checkpointer)
+            if unlocked:
+                start.notes.append(unlocked)
         except UserError as error:
             problem = str(error)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -425,6 +433,7 @@ def decide_start(run_dir: Path, identity: dict, config: TrainConfig,
                  checkpointer: Checkpointer) -> RunStart:
     """Resume the newest good checkpoint if it belongs to this same run (else refuse), or start
     afresh, first moving an earlier run's files into `previous-<time>/` (never deleting them)."""
+    checkpointer.check_space()  # a full disk is said now, not at the first save
     if not config.checkpoint.auto_resume:
         aside = run_identity.move_aside(run_dir)
         notes = [f"--no_auto_resume: moved the earlier run in {run_dir} to {aside}; starting "

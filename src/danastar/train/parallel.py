@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -27,9 +29,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from danastar.errors import UserError
+from danastar.errors import UserError, report
 
 SHARDED_BACKENDS = ("fsdp", "zero2", "hsdp")
+# How long a process waits for the other processes of its job (see `join_process_group`).
+RENDEZVOUS_TIMEOUT_VARIABLE = "DANASTAR_RENDEZVOUS_TIMEOUT"
+DEFAULT_RENDEZVOUS_TIMEOUT = 600.0
+RENDEZVOUS_NOTICE_S = 10.0  # a job's processes usually meet within this: say nothing before
 
 
 @dataclass
@@ -100,11 +106,7 @@ def setup_distributed(config) -> Distributed:
             raise UserError("tensor parallelism and HSDP need several processes; add --nproc.")
         return Distributed(backend, 0, 0, 1, device, 0, 1)
     if not dist.is_initialized():
-        dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo",
-            timeout=datetime.timedelta(minutes=30),
-            device_id=device if device.type == "cuda" else None,
-        )
+        join_process_group(device, rank, world_size)
     from torch.distributed.device_mesh import init_device_mesh
 
     data_world = world_size // tp
@@ -120,6 +122,69 @@ def setup_distributed(config) -> Distributed:
     flat_dp = mesh["dp_mod_ep", "ep"]._flatten("dp") if ep > 1 else None
     return Distributed(backend, rank, local_rank, world_size, device, rank // tp, data_world, mesh,
                        ep, flat_dp)
+
+
+def rendezvous_timeout() -> float:
+    """Seconds to wait for the other processes of the job: `$DANASTAR_RENDEZVOUS_TIMEOUT`, else
+    600 (torchrun's own wait for the nodes of a job)."""
+    value = os.environ.get(RENDEZVOUS_TIMEOUT_VARIABLE, "").strip()
+    if not value:
+        return DEFAULT_RENDEZVOUS_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise UserError(f"{RENDEZVOUS_TIMEOUT_VARIABLE}={value} is not a number of seconds above "
+                        f"0; set it to how long to wait for the other processes (default "
+                        f"{DEFAULT_RENDEZVOUS_TIMEOUT:g}) or unset it.")
+    return seconds
+
+
+def join_process_group(device: torch.device, rank: int, world_size: int) -> None:
+    """Meet the job's other processes at MASTER_ADDR:MASTER_PORT. The environment alone says
+    there are others (a launcher's variables, or ones a shell inside a torchrun job inherited):
+    after a few seconds without them this process says what it waits for, and after
+    `rendezvous_timeout()` it gives up with exit 2 and the fix, rather than wait for ever."""
+    why = (f"RANK={rank} and WORLD_SIZE={world_size} in the environment say this process is rank "
+           f"{rank} of a {world_size}-process job")
+    fix = (f"if it is meant to run alone, unset RANK, WORLD_SIZE and LOCAL_RANK (a shell inside a "
+           f"torchrun job inherits them); else start the {world_size} processes together (--nproc "
+           f"{world_size}, torchrun, srun or mpirun)")
+    address, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if not address or not port:
+        raise UserError(f"{why}, but MASTER_ADDR and MASTER_PORT (where its processes meet) are "
+                        f"not set; {fix}.")
+    timeout = rendezvous_timeout()
+    joined = threading.Event()
+
+    def watch() -> None:
+        notice = min(RENDEZVOUS_NOTICE_S, timeout / 2)
+        if joined.wait(notice):
+            return
+        others = "process" if world_size == 2 else f"{world_size - 1} processes"
+        print(f"danastar train: waiting at {address}:{port} for the other {others} of the job "
+              f"({why}); giving up in {timeout - notice:g} s.", file=sys.stderr, flush=True)
+        if joined.wait(timeout - notice):
+            return
+        report(UserError(f"the other processes of a {world_size}-process job did not join at "
+                         f"{address}:{port} within {timeout:g} s ({why}); {fix}; "
+                         f"{RENDEZVOUS_TIMEOUT_VARIABLE}=<seconds> waits longer."), "train")
+        os._exit(UserError.exit_code)  # the main thread is blocked inside torch: leave from here
+
+    threading.Thread(target=watch, name="rendezvous-watch", daemon=True).start()
+    try:
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            timeout=datetime.timedelta(minutes=30),
+            device_id=device if device.type == "cuda" else None,
+        )
+    except dist.DistNetworkError as error:  # e.g. rank 0 cannot listen: the port is taken
+        raise UserError(f"this process cannot meet the others at {address}:{port} ("
+                        f"{str(error).splitlines()[0].rstrip('.')}; {why}); {fix}, or choose "
+                        f"another MASTER_PORT.") from None
+    finally:
+        joined.set()
 
 
 def data_parallel_mesh(env: Distributed):
