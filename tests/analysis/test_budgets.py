@@ -110,3 +110,15 @@ def test_cli_table_and_figure(study, tmp_path):
         assert len(labels) == len(set(labels)) and "AdamW" in labels
     plots.save(figure, tmp_path / "within")
     assert (tmp_path / "within.png").stat().st_size > 10_000
+
+
+def test_a_within_size_multiplier_at_the_edge_of_the_lr_grid_is_marked(study, capsys):
+    from danastar.cli import main
+
+    rows = budgets.within_size_multipliers(find_runs([study]))
+    # ADana's best LR (ratio 0.5) is the lowest it swept; AdamW's (1.0) has both neighbours
+    assert {r.untuned for r in rows} == {"adana κ=0.85: best LR the lowest of 3"}
+    assert main(["results", str(study), "--vs", "adamw", "--within_size"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert all("†" in line for line in out[1:len(rows) + 1])
+    assert out[-1] == budgets.UNTUNED_NOTE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fake_runs import write_run
@@ -11,6 +12,8 @@ from danastar.analysis import plots, records, table
 from danastar.cli import main
 
 pytest.importorskip("matplotlib")
+
+STUDY = Path(__file__).parents[2] / "studies" / "cpu-shakespeare" / "records"
 
 
 def has_band(ax) -> bool:
@@ -150,3 +153,83 @@ def test_lr_sensitivity_draws_no_parabola_without_a_minimum(tmp_path):
     assert not parabola.has_minimum and parabola.refit_on_lowest
     assert not [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert ax.get_title().endswith("no minimum inside the swept LRs")
+
+
+def draw(figure):
+    """Lay the figure out as saving it would (Agg), for positions and tick labels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def test_lr_sweep_ticks_stars_and_legend_are_readable(sweep, tmp_path):
+    """Tick labels that do not repeat or crowd, stars inside the axes with room, a legend over
+    no point; also on an unswept set (one or two LRs a size, a narrow range)."""
+    for ratio in (1.0, 1.5):
+        write_run(tmp_path, "adamw", 4, lr_ratio=ratio, iterations=50)
+    write_run(tmp_path, "adana", 4, iterations=50)
+    study = records.find_runs([STUDY], note=lambda line: None)  # 5 optimizers, 2-3 decades
+    for runs in (records.find_runs([sweep]), records.find_runs([tmp_path]), study):
+        figure = plots.lr_sweeps(runs)
+        renderer = draw(figure)
+        for ax in figure.axes:
+            low, high = ax.get_xlim()
+            shown = [t.get_text() for t in ax.get_xticklabels()
+                     if t.get_text() and low <= t.get_position()[0] <= high]
+            assert 2 <= len(shown) <= 8 and len(set(shown)) == len(shown), shown
+            boxes = sorted((t.get_window_extent(renderer) for t in ax.get_xticklabels()
+                            if t.get_text() and low <= t.get_position()[0] <= high),
+                           key=lambda box: box.x0)
+            assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), shown  # no overlap
+            assert not any(t.get_text() for t in ax.get_xticklabels(minor=True))
+            stars = [line for line in ax.get_lines() if line.get_marker() == "*"]
+            (y_low, y_high), span = ax.get_ylim(), ax.get_ylim()[1] - ax.get_ylim()[0]
+            for star in stars:
+                (x,), (y,) = star.get_xdata(), star.get_ydata()
+                assert low < x < high and y_low + 0.05 * span < y < y_high - 0.05 * span
+        # the legend beside the panels, not over any of them
+        renderer = draw(figure)
+        (legend,) = figure.legends
+        right = max(ax.get_window_extent(renderer).x1 for ax in figure.axes)
+        assert legend.get_window_extent(renderer).x0 >= right
+        assert not any(ax.get_legend() for ax in figure.axes)
+
+
+def test_curves_best_draws_the_best_lr_of_each_size_and_its_seeds(sweep, tmp_path, capsys):
+    runs = records.find_runs([sweep])
+    figure = plots.curves(runs, best=True)
+    (ax,) = figure.axes
+    lines = ax.get_lines()
+    assert len(lines) == 12  # 2 optimizers x 3 sizes, 2 seeds each at the law's LR
+    thin = [line for line in lines if line.get_linewidth() < 1]
+    assert len(thin) == 6 and all(line.get_label().startswith("_") for line in thin)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(legend) == 6 and legend[0].startswith("AdamW enoki h4 lr ")
+    assert "best LR per size" in ax.get_title()
+    assert main(["plot", "curves", str(sweep), "--best", "--out", str(tmp_path / "c")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 10_000
+
+
+def test_size_shades_are_all_visible_and_distinct():
+    import numpy as np
+
+    for hex_colour in ("#1f77b4", "#d62728", "#bcbd22"):
+        shades = [np.array(plots._shade(hex_colour, rank, 4)) for rank in range(4)]
+        assert all(1 - shade.mean() > 0.24 for shade in shades)  # none near white
+        assert all(np.abs(a - b).max() > 0.1 for a, b in zip(shades, shades[1:]))
+
+
+def test_lrlaw_through_unswept_sizes_is_refused_or_labelled(tmp_path, capsys):
+    for heads in (4, 6, 8):
+        write_run(tmp_path, "adamw", heads, iterations=50)
+    out = str(tmp_path / "law")
+    assert main(["plot", "lrlaw", str(tmp_path), "--out", out]) == 2
+    assert ("these sizes have fewer: adamw at h4 (1 LR), h6 (1 LR), h8 (1 LR); sweep LRs there "
+            "(danastar sweep), or pass --allow_unswept") in capsys.readouterr().err
+    figure, _ = plots.lrlaw_figure(records.find_runs([tmp_path]), bootstrap=0,
+                                   allow_unswept=True)
+    (ax,) = figure.axes
+    assert "best 1 LRs of each of 3 sizes" in ax.get_title()
+    assert "NOT SWEPT: h4 has 1 LR, h6 has 1 LR, h8 has 1 LR" in ax.get_title()

@@ -244,3 +244,46 @@ def test_output_files_in_missing_or_unwritable_folders(sweep, tmp_path, capsys):
     for args, message in cases:
         assert message in refusal(capsys, *args)
     assert a_file.read_text() == "kept"
+
+
+def test_best_shows_the_steps_and_names_the_runs_at_other_budgets(tmp_path, capsys):
+    """A 50-step LR sweep and a longer run of one LR: --best compares the sweep's budget, shows
+    its steps, and says which run it left out."""
+    for ratio in (0.5, 1.0, 2.0):
+        write_run(tmp_path, "adamw", 4, lr_ratio=ratio, iterations=50)
+    write_run(tmp_path / "long", "adamw", 4, iterations=300)
+    (row,) = results_json(capsys, str(tmp_path), "--best")
+    assert row["steps"] == 50 and row["untuned"] is None  # the best LR is the middle one
+    assert main(["results", str(tmp_path), "--best"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["optimizer", "arch", "heads", "dataset", "steps"]
+    assert lines[1].split()[4] == "50"
+    assert lines[-1] == ("(1 complete run(s) at other step budgets left out: adamw enoki h4 at "
+                         "300 steps; each optimizer and size is compared at its steps with the "
+                         "most LRs; --within_size compares budgets)")
+
+
+def test_a_multiplier_from_untuned_lrs_is_marked_and_explained(tmp_path, capsys):
+    """One LR per size (the defaults), and a sweep whose best LR is its largest: both marked."""
+    for heads in (4, 6, 8):
+        write_run(tmp_path, "adamw", heads, iterations=100)
+        for ratio in (0.25, 0.5, 1.0) if heads == 4 else (1.0,):
+            write_run(tmp_path, "adana", heads, iterations=100, lr_ratio=ratio)
+    rows = {(r["optimizer"].split()[0], r["heads"]): r
+            for r in results_json(capsys, str(tmp_path), "--vs", "adamw")}
+    assert rows["adamw", 4]["untuned"] == "adamw: only one LR"
+    assert rows["adana", 4]["untuned"] == ("adana κ=0.85: best LR the highest of 3; "
+                                           "adamw: only one LR")
+    assert rows["adana", 6]["untuned"] == "adana κ=0.85: only one LR; adamw: only one LR"
+    assert main(["results", str(tmp_path), "--vs", "adamw"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(line.split()[-2].endswith("†") for line in lines[1:7])  # the multiplier column
+    assert lines[-1].startswith("† untuned: an optimizer in this comparison has only one LR at "
+                                "that size, or its best LR at the edge of its LRs")
+
+
+def test_a_swept_best_lr_with_neighbours_on_both_sides_is_not_marked(sweep, capsys):
+    rows = results_json(capsys, str(sweep), "--vs", "adamw")
+    assert all(row["untuned"] is None for row in rows)
+    assert main(["results", str(sweep), "--vs", "adamw"]) == 0
+    assert "†" not in capsys.readouterr().out

@@ -1,5 +1,7 @@
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -27,7 +29,35 @@ def test_compare_command_writes_the_figure_and_its_data(tmp_path, capsys):
                  "R∞ (this W)"):
         assert name in shown
     legend = [t.get_text() for t in figures.plot_compare(data).axes[0].get_legend().get_texts()]
-    assert any(text.startswith("adana (danastar.optim") for text in legend)
+    assert "adana (danastar.optim, lr 0.001, κ=0.5)" in legend  # its options, κ included
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    figure = figures.plot_compare(data)
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()  # the legend beside the axes, over no line or point
+    ax = figure.axes[0]
+    renderer = canvas.get_renderer()
+    assert ax.get_legend().get_window_extent(renderer).x0 > ax.get_window_extent(renderer).x1
+    assert "will take about" not in capsys.readouterr().err  # a quick run: no warning
+
+
+def test_compare_with_optim_warns_before_a_run_of_minutes(tmp_path):
+    """The default size (d = 500, 10^5 steps, 5 seeds) takes minutes per --optim optimizer:
+    the warning comes before the work (the run is stopped once it is read)."""
+    assert figures.optimizer_seconds(500, 5, 100_000, 1) > 120
+    assert figures.optimizer_seconds(40, 2, 300, 1) < 1
+    process = subprocess.Popen(
+        [sys.executable, "-m", "danastar", "theory", "compare", "--optim", "adana:lr=1e-3",
+         "--optim", "adamw:lr=1e-3", "--out", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        first = process.stderr.readline()
+    finally:
+        process.kill()
+        process.wait()
+    assert first.startswith("danastar theory: the 2 --optim run(s) will take about ")
+    assert "minutes (100,000 steps x 5 seeds at d = 500" in first and "--sim-steps 1e4" in first
+    assert not (tmp_path / "compare.png").exists()
 
 
 def test_exponents_command_prints_the_table(tmp_path, capsys):

@@ -120,3 +120,14 @@ def test_a_corrupt_newest_checkpoint_is_named_when_an_older_one_is_used(two_chec
     assert (f"danastar generate: checkpoint {newer} cannot be used (state.pt does not match its "
             f"checksum); sampling from the older {older.name} instead.") in capsys.readouterr().err
     assert sampled == generate(older, "1 2 3", **settings)
+
+
+def test_the_checkpoint_sampled_from_is_named_with_its_step(two_checkpoints, capsys):
+    from danastar.cli import main
+
+    capsys.readouterr()
+    assert main(["generate", str(two_checkpoints), "--prompt", "1 2", "--tokens", "3"]) == 0
+    captured = capsys.readouterr()
+    newest = sorted((two_checkpoints / "checkpoints").iterdir())[-1]
+    assert len(captured.out.split()) == 5  # the sample alone on standard output
+    assert f"danastar generate: sampling from {newest} (step 4, " in captured.err

@@ -46,6 +46,39 @@ def lr_sweep_runs(runs: Sequence[Run]) -> list[Run]:
     return [r for r in runs if r in kept]
 
 
+def other_budget_runs(runs: Sequence[Run]) -> list[Run]:
+    """The complete runs that `lr_sweep_runs` leaves out: those at another budget than their
+    (optimizer, dataset, size)'s sweep budget."""
+    complete = [r for r in runs if r.complete]
+    kept = lr_sweep_runs(complete)
+    return [r for r in complete if r not in kept]
+
+
+def untuned(lrs: Sequence[float], best: float) -> str | None:
+    """Why an LR chosen as the best of ``lrs`` may not be the optimizer's best: a single LR
+    (nothing was compared), or the best at the edge of the grid (a better one may lie beyond
+    it); None when the best has a swept LR on each side."""
+    grid = sorted({records.lr_key(lr) for lr in lrs})
+    best = records.lr_key(best)
+    if len(grid) == 1:
+        return "only one LR"
+    if best in (grid[0], grid[-1]):
+        return f"best LR the {'lowest' if best == grid[0] else 'highest'} of {len(grid)}"
+    return None
+
+
+UNTUNED_NOTE = ("† untuned: an optimizer in this comparison has only one LR at that size, or its "
+                "best LR at the edge of its LRs, so the number may reflect the LR, not the "
+                "optimizer; sweep LRs on both sides of the best.")
+
+
+def sweep_untuned(runs: Sequence[Run]) -> str | None:
+    """`untuned` of one (optimizer, size)'s complete runs: its LRs at the sweep budget."""
+    at_budget = [r for r in runs if r.iterations == sweep_budget(runs)]
+    best = records.lr_key(best_lr_runs(runs)[0].lr)
+    return untuned([r.lr for r in at_budget], best)
+
+
 def best_lr_runs(runs: Sequence[Run]) -> list[Run]:
     """The complete runs of one (optimizer, size) at its best LR (`seeds.best_lr` of the final
     losses at the sweep budget), at every budget and seed."""
@@ -73,6 +106,7 @@ class BudgetMultiplier:
     kinds: tuple[str, ...]  # per seed: interpolated or extrapolated (below/above)
     paired: bool  # every seed read off the baseline curve of its own seed
     steps_fraction: seeds.MeanSE | None  # steps to the baseline's loss / budget; None: never
+    untuned: str | None = None  # why its LR or the baseline's may not be tuned (`untuned`)
 
     @property
     def extrapolated(self) -> bool:
@@ -91,7 +125,7 @@ class BudgetMultiplier:
                                     else multiplier.INTERPOLATED),
                 "steps_to_baseline": None if steps is None else steps.mean,
                 "steps_to_baseline_se": None if steps is None or math.isnan(steps.se)
-                else steps.se}
+                else steps.se, "untuned": self.untuned}
 
 
 def _baseline_curves(runs: Sequence[Run]) -> tuple[dict[int, list[tuple[float, float]]],
@@ -147,6 +181,9 @@ def within_size_multipliers(runs: Sequence[Run], baseline: str = "adamw"
         _check_curve(mean_curve, baseline, label)
         base_final = {(r.seed, r.iterations): r.final_loss for r in base_runs}
         chosen = best_lr_runs(group_runs)
+        reasons = [f"{name}: {why}" for name, why in ((group, sweep_untuned(group_runs)),
+                                                      (baseline, sweep_untuned(by_key[base])))
+                   if why]
         budgets: dict[int, list[Run]] = {}
         for run in chosen:
             budgets.setdefault(run.iterations, []).append(run)
@@ -173,7 +210,7 @@ def within_size_multipliers(runs: Sequence[Run], baseline: str = "adamw"
                 group, size[0], size[1], steps, rs[0].lr, rs[0].total_params,
                 tuple(r.seed for r in rs),
                 seeds.mean_se([r.final_loss for r in rs]), seeds.mean_se(values), tuple(kinds),
-                paired, steps_fraction))
+                paired, steps_fraction, "; ".join(reasons) or None))
     if not results:
         raise UserError(f"no size has both {baseline} and another optimizer; nothing to compare.")
     return results

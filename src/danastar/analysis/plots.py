@@ -54,11 +54,20 @@ def _label(group: str, base: str) -> str:
 
 
 def _shade(hex_colour: str, rank: int, count: int) -> tuple[float, float, float]:
-    """The optimizer's colour, lighter for smaller sizes (rank 0) and full for the largest."""
+    """The optimizer's colour, lighter for smaller sizes (rank 0), darker for larger ones: from
+    the colour mixed 45% with white to the colour mixed 45% with black, through the colour
+    itself, so that every shade stays visible on white and neighbours differ."""
     from matplotlib.colors import to_rgb
 
-    strength = 1.0 if count <= 1 else 0.35 + 0.65 * rank / (count - 1)
-    return tuple(1 - strength * (1 - c) for c in to_rgb(hex_colour))
+    rgb = to_rgb(hex_colour)
+    if count <= 1:
+        return rgb
+    position = rank / (count - 1)  # 0 lightest, 1 darkest
+    if position < 0.5:
+        white = 0.45 * (1 - 2 * position)
+        return tuple(c + white * (1 - c) for c in rgb)
+    black = 0.45 * (2 * position - 1)
+    return tuple(c * (1 - black) for c in rgb)
 
 
 def _figure(width: float = 7.0, height: float = 4.5, ncols: int = 1, nrows: int = 1):
@@ -178,15 +187,29 @@ def scaling(best: Sequence[Best], baseline: str = "adamw", fit: str = "auto"):
     return figure
 
 
-def curves(runs: Sequence[Run], x: str = "compute"):
+def best_lr_curves(runs: Sequence[Run]) -> list[Run]:
+    """The runs of each optimizer's best LR per size (`table.best_per_size`: at the sweep
+    budget, every seed), in the order of the table."""
+    from danastar.analysis.table import best_per_size
+
+    return [run for best in best_per_size(runs)
+            for run in sorted(best.runs, key=lambda r: r.seed)]
+
+
+def curves(runs: Sequence[Run], x: str = "compute", best: bool = False):
     """Validation loss against compute (PFH), tokens or steps, log-log: one colour per
     optimizer, one shade per size (darker is larger); partial runs thinner. Runs on several
-    datasets: each label names its dataset."""
+    datasets: each label names its dataset. With ``best``, only each optimizer's best-LR runs
+    per size (`best_lr_curves`): its first seed drawn full, the other seeds thin, the LR in
+    the label."""
+    if best:
+        runs = best_lr_curves(runs)
     figure, (ax,) = _figure()
     sizes = sorted({r.lr_law_params for r in runs})
     datasets = dataset_labels(runs)
     seen = set()
     drawn = 0
+    first_seed = {}
     for run in sorted(runs, key=lambda r: (r.group, r.lr_law_params, r.lr, r.seed)):
         xs, ys = run.curve(x)
         keep = [(a, b) for a, b in zip(xs, ys) if a > 0]
@@ -194,10 +217,14 @@ def curves(runs: Sequence[Run], x: str = "compute"):
             continue
         base = run.optimizer
         label = f"{_label(run.group, base)} {run.arch} h{run.heads}"
+        if best:
+            label += f" lr {run.lr:.3g}"
         if len(datasets) > 1:
             label += f" on {datasets[run.data]}"
-        ax.plot(*zip(*keep), linestyle=linestyle(base), marker=".", markersize=3,
-                linewidth=1.4 if run.complete else 0.7,
+        another_seed = best and first_seed.setdefault(label, run) is not run
+        ax.plot(*zip(*keep), linestyle=linestyle(base), marker=None if another_seed else ".",
+                markersize=3, alpha=0.5 if another_seed else 1.0,
+                linewidth=0.7 if another_seed or not run.complete else 1.4,
                 color=_shade(colour(base), sizes.index(run.lr_law_params), len(sizes)),
                 label=None if label in seen else label)
         seen.add(label)
@@ -216,7 +243,9 @@ def curves(runs: Sequence[Run], x: str = "compute"):
         figure.legend(fontsize=7, loc="outside right upper")
     else:
         ax.legend(fontsize=7, ncols=2)
-    ax.set_title("Validation loss (one colour per optimizer, darker = larger)", fontsize=9)
+    shades = "one colour per optimizer, darker = larger"
+    ax.set_title(f"Validation loss at each optimizer's best LR per size\n(thin: other seeds; "
+                 f"{shades})" if best else f"Validation loss ({shades})", fontsize=9)
     return figure
 
 
@@ -242,14 +271,45 @@ def lr_sweeps(runs: Sequence[Run]):
                         label=_label(group, base))
             best = lrs.index(seeds.best_lr(by_lr))
             ax.plot(lrs[best], stats[best].mean, "*", color=colour(base), markersize=12)
-        ax.set_xscale("log")
+        _lr_axis(ax, [r.lr for r in chosen if r.size == size])
+        ax.margins(x=0.1, y=0.12)  # room for the stars at the ends of the axes
         ax.set_xlabel("peak learning rate")
         ax.set_ylabel("final validation loss")
-        ax.set_title(f"{size[0]} h{size[1]} ({_params_label(group_runs[0].total_params)} "
-                     f"parameters, {group_runs[0].iterations} steps)", fontsize=9)
+        here = [r for r in chosen if r.size == size]
+        steps = "/".join(str(n) for n in sorted({r.iterations for r in here}))
+        ax.set_title(f"{size[0]} h{size[1]} ({_params_label(here[0].total_params)} "
+                     f"parameters, {steps} steps)", fontsize=9)
         ax.grid(True, which="both", alpha=0.2)
-        ax.legend(fontsize=7)
+    # one legend beside the panels (the optimizers' colours are the same in each): inside a
+    # panel it covers points of a sweep
+    handles = {}
+    for ax in axes[:len(sizes)]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    figure.legend(handles.values(), handles.keys(), fontsize=7, loc="outside right upper")
     return figure
+
+
+def _short_number(value: float, _position=None) -> str:
+    """2e-3 for 0.002, 2.5e-3 for 0.0025: tick labels that fit side by side."""
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
+
+
+def _lr_axis(ax, lrs: Sequence[float]) -> None:
+    """A log LR axis labelled at 1, 2 and 5 of each decade (only 1 past 1.5 decades) in a
+    short form (2e-3): matplotlib's own minor labels collide on ranges of about a decade, and
+    without them a range inside one decade has no label at all."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+    ax.set_xscale("log")
+    decades = math.log10(max(lrs) / min(lrs)) if lrs and min(lrs) > 0 else 0.0
+    if decades < 0.7:  # 1, 2, 5 would leave at most one label: a few evenly spaced ones
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=3))
+    else:
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0,) if decades > 1.5 else (1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(_short_number))
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _by_optimizer(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -270,12 +330,26 @@ def paper_law(run: Run) -> tuple[float, float, float] | None:
     return None if found is None else found[0]
 
 
+SWEPT_LRS = 3  # LRs a size needs before its best LRs say where the optimum lies
+
+
+def _unswept_sizes(group_runs: Sequence[Run]) -> dict[int, int]:
+    """{heads: distinct LRs} of the sizes with fewer than SWEPT_LRS LRs."""
+    lrs: dict[int, set[float]] = {}
+    for run in group_runs:
+        lrs.setdefault(run.heads, set()).add(float(f"{run.lr:.4g}"))
+    return {heads: len(found) for heads, found in sorted(lrs.items()) if len(found) < SWEPT_LRS}
+
+
 def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = 4.0,
-                 bootstrap: int = 1000, seed: int = 0, b_from_paper: bool = False):
+                 bootstrap: int = 1000, seed: int = 0, b_from_paper: bool = False,
+                 allow_unswept: bool = False):
     """LR against P = 12·d²·L, log-log, one panel per optimizer: the top-K points coloured by
     size and sized by weight, the others grey, the fitted law dashed with its bootstrap band
     and its predictions at 4x and 16x the largest size. With ``b_from_paper``, b is held at the
     paper's law's b (a and d fitted), for a few nearby sizes that cannot pin b down.
+    A size with fewer than SWEPT_LRS LRs (a default LR, not a sweep) is refused (UserError)
+    unless ``allow_unswept``; then the panel's title says which sizes were not swept.
     Returns (figure, {optimizer: fit})."""
     groups = _by_optimizer(budgets.lr_sweep_runs(complete_runs(runs, "an LR law")))
     laws = {g: paper_law(rs[0]) if b_from_paper else None for g, rs in groups.items()}
@@ -288,6 +362,14 @@ def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = 4.0,
         raise UserError(f"an LR law a·(b+P)^d needs complete LR sweeps at 3 or more sizes of one "
                         f"optimizer (2 with b from the paper's law), found {counts}; add sizes "
                         "to the sweep.")
+    unswept = {g: _unswept_sizes(rs) for g, rs in fittable.items()}
+    if not allow_unswept and any(unswept.values()):
+        listed = "; ".join(f"{g} at " + ", ".join(f"h{h} ({n} LR{'s' * (n > 1)})"
+                                                  for h, n in sizes.items())
+                           for g, sizes in unswept.items() if sizes)
+        raise UserError(f"an LR law is fitted through swept LRs, {SWEPT_LRS} or more per size, "
+                        f"and these sizes have fewer: {listed}; sweep LRs there (danastar "
+                        "sweep), or pass --allow_unswept to fit through them anyway.")
     from matplotlib import colormaps
 
     figure, axes = _figure(5.5, 4.5, ncols=len(fittable))
@@ -335,9 +417,18 @@ def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = 4.0,
         ax.set_yscale("log")
         ax.set_xlabel("non-embedding parameters P (12·d²·L)")
         ax.set_ylabel("peak learning rate")
-        ax.set_title(f"{_label(group, base)}: top-{k} LRs per size (size ∝ weight)", fontsize=9)
+        counts = sorted({len(ps) for ps in fit.points.values()})
+        kept = (f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}")
+        title = (f"{_label(group, base)}\nlaw fitted to the best {kept} LRs of each of "
+                 f"{len(fit.points)} sizes (area ∝ weight)")
+        if unswept[group]:
+            title += ("\nNOT SWEPT: " + ", ".join(f"h{h} has {n} LR{'s' * (n > 1)}"
+                                                  for h, n in unswept[group].items())
+                      + " (--allow_unswept)")
+        ax.set_title(title, fontsize=9)
         ax.grid(True, which="both", alpha=0.2)
-        ax.legend(fontsize=7)
+        ax.margins(0.08)
+        ax.legend(fontsize=7, loc="best")
     return figure, results
 
 
@@ -372,10 +463,7 @@ def lr_sensitivity(runs: Sequence[Run], *, min_lrs: int = sensitivity.MIN_LRS):
             ax.plot(parabola.best_lr, parabola.best_loss, "*", color=shade, markersize=10)
         base = group_runs[0].optimizer
         zeta = sensitivity.mean_curvature(list(results[group].values()))
-        ax.set_xscale("log")
-        from matplotlib.ticker import NullFormatter
-
-        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on short ranges
+        _lr_axis(ax, [r.lr for r in group_runs])
         ax.set_xlabel("peak learning rate")
         ax.set_ylabel("final validation loss")
         summary = (f"mean curvature ζ = {zeta:.3g}" if not np.isnan(zeta)

@@ -14,7 +14,7 @@ from danastar.errors import UserError
 
 COLUMNS = ("run", "arch", "heads", "dataset", "optimizer", "lr", "omega", "batch", "steps",
            "tokens", "pfh", "final_loss", "best_loss", "tokens_per_s", "state")
-BEST_COLUMNS = ("optimizer", "arch", "heads", "dataset", "lr", "seeds", "final_loss",
+BEST_COLUMNS = ("optimizer", "arch", "heads", "dataset", "steps", "lr", "seeds", "final_loss",
                 "final_loss_se", "pfh", "total_params", "runs_at_size")
 
 
@@ -44,6 +44,17 @@ class Best:
     runs_at_size: int  # complete runs of this optimizer at this size (all LRs)
     data: tuple[str, str] = ("", "")  # Run.data of its runs
     dataset: str | None = None  # its display name (records.dataset_labels)
+    lrs: tuple[float, ...] = ()  # every LR it was chosen from (at the sweep budget)
+
+    @property
+    def iterations(self) -> int:
+        """The steps of its runs: the sweep budget of this optimizer and size."""
+        return self.runs[0].iterations
+
+    @property
+    def untuned(self) -> str | None:
+        """Why its LR may not be the optimizer's best (`budgets.untuned`); None if tuned."""
+        return budgets.untuned(self.lrs or (self.lr,), self.lr)
 
     @property
     def pfh(self) -> float:
@@ -60,17 +71,19 @@ class Best:
     def row(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer, "arch": self.arch, "heads": self.heads,
                 "dataset": None if self.dataset == "?" else self.dataset,
-                "lr": self.lr, "seeds": len({r.seed for r in self.runs}),
+                "steps": self.iterations, "lr": self.lr, "seeds": len({r.seed for r in self.runs}),
                 "final_loss": self.loss.mean,
                 "final_loss_se": None if math.isnan(self.loss.se) else self.loss.se,
                 "pfh": self.pfh, "total_params": self.total_params,
-                "runs_at_size": self.runs_at_size}
+                "runs_at_size": self.runs_at_size, "untuned": self.untuned}
 
 
 def best_per_size(runs: Sequence[Run]) -> list[Best]:
     """Per (optimizer group, dataset, arch, heads), the best LR (``seeds.best_lr``: the lowest
     mean final loss over the seeds every LR has) among the runs at the sweep budget
-    (``budgets.lr_sweep_runs``), with the mean over all its seeds; partial runs left out.
+    (``budgets.lr_sweep_runs``: the budget with the most LRs; the runs at other budgets,
+    ``budgets.other_budget_runs``, are left out), with the mean over all its seeds; partial
+    runs left out.
     Runs on different data (`Run.data`) are never pooled; UserError when two runs of one LR
     have the same seed (``records.check_distinct_seeds``). Sorted by optimizer, dataset, then
     size."""
@@ -87,7 +100,7 @@ def best_per_size(runs: Sequence[Run]) -> list[Best]:
         lr = seeds.best_lr({lr: {r.seed: r.final_loss for r in rs} for lr, rs in by_lr.items()})
         best.append(Best(group, by_lr[lr][0].optimizer, arch, heads, lr, stats[lr],
                          tuple(by_lr[lr]), sum(len(rs) for rs in by_lr.values()), data,
-                         labels[data]))
+                         labels[data], tuple(by_lr)))
     return best
 
 
@@ -120,10 +133,13 @@ def with_multipliers(best: Sequence[Best], baseline: str,
     and how it was obtained (interpolated or extrapolated); with ``runs``, also the fraction of
     compute saved: how early any complete run of the optimizer at that size first reached the
     baseline's best final loss there (None if none did). Each dataset's rows against the
-    baseline on that dataset."""
+    baseline on that dataset. ``untuned`` says why the row's LR, or the baseline's at that
+    size, may not be tuned (`budgets.untuned`), None when both are."""
     points = {data: check_baseline([b for b in best if b.data == data], baseline)
               for data in dict.fromkeys(b.data for b in best)}
     base_loss = {(b.data, b.arch, b.heads): b.loss.mean for b in best if b.optimizer == baseline}
+    base_untuned = {(b.data, b.arch, b.heads): b.untuned for b in best
+                    if b.optimizer == baseline}
     rows = []
     for b in best:
         row = b.row()
@@ -134,6 +150,10 @@ def with_multipliers(best: Sequence[Best], baseline: str,
             row["multiplier"], row["multiplier_kind"] = m.multiplier, m.kind
         row["saved_fraction"] = None
         here = (b.data, b.arch, b.heads)
+        reasons = [f"{name}: {why}" for name, why in (
+            (b.optimizer, b.untuned),
+            (baseline, base_untuned.get(here) if b.optimizer != baseline else None)) if why]
+        row["untuned"] = "; ".join(reasons) or None
         if runs and b.optimizer != baseline and here in base_loss:
             curves = [r.curve("compute") for r in runs if r.complete and r.group == b.optimizer
                       and r.data == b.data and r.size == (b.arch, b.heads)]

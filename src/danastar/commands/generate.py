@@ -8,7 +8,8 @@ newest complete checkpoint of the run (or the one named), single-file (`state.pt
 (`torch.distributed.checkpoint`, read whole in this one process), and the prompt encoded with
 the run's own tokenizer (the synthetic source has none: the prompt is then token ids, e.g.
 "1 2 3"). Sampling uses the model's KV cache, with temperature, top-k and a seed; it reads
-checkpoints and writes nothing.
+checkpoints and writes nothing. It names the checkpoint it sampled from (path and step) on
+standard error, so that standard output holds the sample alone.
 """
 
 from __future__ import annotations
@@ -181,6 +182,7 @@ def generate(path: Path, prompt: str, *, tokens: int, temperature: float, top_k:
         _say(f"stopped after {room} new tokens, at the model's context of {context} tokens (the "
              f"prompt takes {len(ids)}); ask for --tokens {room} or fewer, or give a shorter "
              "--prompt.")
+    _say(f"sampling from {checkpoint} (step {meta.get('step', '?')}, {device.type})")
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(torch.tensor([ids], device=device), min(tokens, room),

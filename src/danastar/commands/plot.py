@@ -4,6 +4,7 @@ directories, written as FILE.png and FILE.pdf.
     danastar plot scaling runs/sweep --vs adamw    # compute multiplier + loss vs compute
     danastar plot within-size runs/study           # multiplier at each size from budgets
     danastar plot curves runs/sweep --x tokens     # validation loss curves
+    danastar plot curves runs/sweep --best         # ... of each optimizer's best LR per size
     danastar plot lrlaw runs/sweep                 # LR law a·(b+P)^d with bootstrap band
     danastar plot lr-sweep runs/sweep              # final loss vs LR, one panel per size
     danastar plot lr-sensitivity runs/sweep        # final loss vs LR with parabolas
@@ -44,7 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "with 6+ sizes per optimizer, single with 3-5, none below)")
     parser.add_argument("--x", choices=("compute", "tokens", "steps"), default="compute",
                         help="curves: the x axis (default compute, in PFH)")
+    parser.add_argument("--best", action="store_true",
+                        help="curves: only each optimizer's best-LR runs per size (as results "
+                             "--best chooses them), other seeds as thin lines")
     parser.add_argument("--top_k", type=int, default=5, help="lrlaw: LRs kept per size (5)")
+    parser.add_argument("--allow_unswept", action="store_true",
+                        help="lrlaw: fit even through sizes with fewer than 3 LRs (the figure's "
+                             "title says so); refused otherwise")
     parser.add_argument("--omega", type=float, default=4.0,
                         help="lrlaw: keep the runs at the ω closest to this (default 4)")
     parser.add_argument("--bootstrap", type=int, default=1000,
@@ -94,11 +101,12 @@ def main(argv: list[str]) -> int:
     elif args.kind == "within-size":
         figure = plots.within_size(budgets.within_size_multipliers(runs, baseline), baseline)
     elif args.kind == "curves":
-        figure = plots.curves(runs, x=args.x)
+        figure = plots.curves(runs, x=args.x, best=args.best)
     elif args.kind == "lrlaw":
         figure, fits = plots.lrlaw_figure(runs, k=args.top_k, omega=args.omega,
                                           bootstrap=args.bootstrap, seed=args.seed,
-                                          b_from_paper=args.b_from_paper)
+                                          b_from_paper=args.b_from_paper,
+                                          allow_unswept=args.allow_unswept)
         for group, fit in fits.items():
             base = group.split(" ")[0]
             kappa = next((r.kappa for r in runs if r.group == group), None)

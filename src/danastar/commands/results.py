@@ -34,8 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("dirs", nargs="*", default=["runs"],
                         help="run directories, or directories searched for runs (default runs)")
     parser.add_argument("--best", action="store_true",
-                        help="per (optimizer, size), the LR with the lowest final loss; several "
-                             "seeds give mean ± standard error")
+                        help="per (optimizer, size), the LR with the lowest final loss at the "
+                             "step budget with the most LRs (runs at other budgets are named "
+                             "and left out); several seeds give mean ± standard error; † marks "
+                             "an LR not bracketed by the sweep")
     parser.add_argument("--vs", metavar="OPTIMIZER", default=None,
                         help="add the measured compute multiplier against this optimizer, and the "
                              "fraction of compute saved reaching its final loss at each size "
@@ -72,6 +74,7 @@ def _cell(column: str, value: Any) -> str:
 
 def _display(rows: list[dict[str, Any]], columns: Sequence[str]) -> tuple[list[str], list[list]]:
     shown = [c for c in columns if c != "final_loss_se"]
+    marked = "multiplier" if "multiplier" in shown else "lr"  # where † goes (budgets.untuned)
     cells = []
     for row in rows:
         line = []
@@ -85,6 +88,8 @@ def _display(rows: list[dict[str, Any]], columns: Sequence[str]) -> tuple[list[s
                 text += f" ± {row['steps_to_baseline_se']:.0%}"
             if column == "multiplier" and row.get("multiplier_kind", "").startswith("extrap"):
                 text += "*"
+            if column == marked and row.get("untuned"):
+                text += "†"
             line.append(text)
         cells.append(line)
     return shown, cells
@@ -120,6 +125,22 @@ def _write(target: str, text: str, flag: str) -> None:
 
 def _say(message: str) -> None:
     print(f"danastar results: {message}", file=sys.stderr, flush=True)
+
+
+def _other_budgets_note(runs: list[records.Run]) -> None:
+    """One line naming the complete runs --best left out: those at another step budget than
+    the one with the most LRs of their optimizer and size."""
+    others = budgets.other_budget_runs(runs)
+    if not others:
+        return
+    cells: dict[str, set[int]] = {}
+    for run in others:
+        cells.setdefault(f"{run.group} {run.arch} h{run.heads}", set()).add(run.iterations)
+    listed = ", ".join(f"{cell} at {'/'.join(map(str, sorted(steps)))} steps"
+                       for cell, steps in sorted(cells.items()))
+    print(f"({len(others)} complete run(s) at other step budgets left out: {listed}; each "
+          "optimizer and size is compared at its steps with the most LRs; --within_size "
+          "compares budgets)")
 
 
 def main(argv: list[str]) -> int:
@@ -162,6 +183,10 @@ def main(argv: list[str]) -> int:
         print(f"({matched})")
     if any(row.get("multiplier_kind", "").startswith("extrap") for row in rows):
         print(f"* extrapolated beyond the range of {baseline}'s losses")
+    if any(row.get("untuned") for row in rows):
+        print(budgets.UNTUNED_NOTE)
+    if (args.best or args.vs) and not args.within_size:
+        _other_budgets_note(runs)
     partial = sum(1 for r in runs if not r.complete)
     if partial and (args.best or args.vs):
         print(f"({partial} partial run(s) left out)")

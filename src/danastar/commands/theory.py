@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -223,6 +224,24 @@ def _write(out: Path, name: str, data: dict, figure) -> list[Path]:
     return [png, data_file]
 
 
+SLOW_SECONDS = 60  # past this estimate, compare --optim says so before it starts
+
+
+def _warn_if_slow(args, inputs: dict, figures) -> None:
+    """One line on standard error when the --optim runs will take more than about a minute:
+    they step in Python, one step at a time."""
+    d = args.d or DEFAULT_D["compare"]
+    _, steps = figures.compare_steps(args.alpha, d, inputs["T"], inputs["sim_steps"])
+    count = len(inputs["optimizers"])
+    seconds = figures.optimizer_seconds(d, args.seeds, steps, count)
+    if seconds <= SLOW_SECONDS:
+        return
+    took = f"{seconds / 60:.0f} minutes" if seconds >= 90 else f"{seconds:.0f} s"
+    print(f"danastar theory: the {count} --optim run(s) will take about {took} ({steps:,} "
+          f"steps x {args.seeds} seeds at d = {d}, each step in Python); for a quick look give "
+          "--sim-steps 1e4, fewer --seeds or a smaller --d.", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -237,6 +256,8 @@ def main(argv: list[str]) -> int:
     T = inputs["T"]
     started = time.perf_counter()
     common = dict(alpha=args.alpha, beta=args.beta, batch=args.batch, dtau=args.dtau)
+    if args.figure == "compare" and inputs["optimizers"]:
+        _warn_if_slow(args, inputs, figures)
     if args.figure == "compare":
         data = figures.compare_data(d=args.d or 500, v=args.v, T=T,
                                     sim_steps=inputs["sim_steps"], seeds=args.seeds,
