@@ -73,3 +73,15 @@ def test_every_extra_module_is_installed_by_its_extra_in_pyproject():
         assert {distribution.get(m, m) for m in modules} <= names, extra
     assert set(COMMAND_EXTRAS) == set(SUBCOMMANDS) and set(COMMAND_EXTRAS.values()) <= set(
         EXTRA_MODULES)
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    """`danastar train --dry_run --json | head -1`: the reader goes away before the output is
+    written; the command stops without a traceback, with the code a shell gives SIGPIPE."""
+    process = subprocess.Popen([sys.executable, "-m", "danastar", "train", "--dry_run", "--json",
+                                "--config", "synthetic_smoke"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # long before the plan is printed
+    errors = process.stderr.read()
+    assert process.wait(timeout=300) == 141, errors
+    assert "Traceback" not in errors and "BrokenPipe" not in errors, errors

@@ -20,6 +20,18 @@ def test_no_arguments_is_the_cpu_preset():
     assert config.train.sequence_length < 2048  # the preset, not the paper's launcher defaults
 
 
+def test_heads_alone_sizes_the_cpu_preset_and_with_a_dataset_plans_the_papers_run():
+    smaller, _ = load_config(["--heads", "2"])
+    assert (smaller.model.heads, smaller.train.iterations, smaller.train.sequence_length,
+            smaller.data.dataset) == (2, 300, 128, "shakespeare")
+    for argv in (["--heads", "12", "--dataset", "fineweb"],
+                 ["model.heads=12", "data.dataset=shakespeare"]):
+        paper, _ = load_config(argv)
+        assert (paper.train.iterations, paper.train.sequence_length) == (None, 2048), argv
+    preset, _ = load_config(["--dataset", "synthetic"])
+    assert preset.train.iterations == 300
+
+
 def test_merge_order_defaults_yaml_flags_dotted(tmp_path):
     path = write(
         tmp_path, "train:\n  seed: 5\n  batch_size: 8\n  eval_interval: 7\noptim:\n  name: adamw\n"

@@ -152,7 +152,7 @@ def test_the_plan_counts_a_moe_enoki_in_both_conventions_and_budgets_its_active_
 def test_the_dry_run_shows_total_and_active_and_the_lr_tables_each_arch_reads(capsys):
     assert danastar_main(["train", *BASE[:-2], "--moe", "--moe_num_experts", "4",
                           "--moe_num_experts_per_tok", "1", "--moe_softmax_order", "softmax_topk",
-                          "--opt", "adamw", "--dry_run"]) == 0
+                          "--opt", "adamw", "--dry_run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
     assert plan["moe"] and plan["moe_num_experts"] == 4 and plan["moe_layers"] == [0]
     assert plan["total_params"] > plan["active_params"]

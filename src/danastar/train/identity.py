@@ -18,14 +18,16 @@ that follow from the iterations (the warm-up when not given, the log-time weight
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from danastar.config import MODEL_MOE_FIELDS
+from danastar.config import MODEL_MOE_FIELDS, fit_name
 from danastar.durable import fsync_dir, write_atomic
 from danastar.errors import UserError
 from danastar.optim import get_schedule
@@ -251,3 +253,110 @@ def setting_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = ""):
             yield from setting_changes(before, value, f"{prefix}{key}.")
         elif key in old and before != value:
             yield f"{prefix}{key}", before, value
+
+
+# ----------------------------------------------------------------------------------------------
+# The automatic run directory
+
+def choose_run_dir(base: Path, identity: dict[str, Any],
+                   with_iterations: Callable[[int], dict[str, Any]]) -> tuple[Path, Optional[str]]:
+    """Where a run without --run_dir goes, and a line saying why when it is not `base` (the name
+    from the run's settings, which leaves out the iterations).
+
+    `base` when it holds no run, or this same run (to resume), or one that these settings may
+    continue (a longer --iterations on a schedule that allows it). Else a directory of its own
+    beside it: `<base>-it<iterations>` when only the iterations (and what follows from them)
+    differ from base's run, `<base>-<hash of the settings>` otherwise. Each candidate's name
+    depends on this run's settings alone, and a candidate that holds this run is found before a
+    free one is taken, so the same command finds its directory again whatever `base` holds
+    later. `with_iterations(T)` is this run's identity with T iterations."""
+    iterations = identity["iterations"]
+    digest = identity_digest(identity)
+    candidates = [base, *(base.with_name(fit_name(f"{base.name}-{suffix}")) for suffix in (
+        f"it{iterations}", digest, f"{digest}-it{iterations}"))]
+    for candidate in candidates:
+        if holds_this_run(candidate, identity, older_is_ours=candidate == base):
+            return candidate, None
+    record = read_run_file(base)
+    recorded = record["identity"] if record else None
+    only_iterations = False
+    if recorded is not None and "iterations" in recorded:
+        try:
+            only_iterations = not changed_settings(
+                recorded, with_iterations(recorded["iterations"]), step=0)[0]
+        except UserError:  # these settings cannot plan base's iterations (a longer warm-up)
+            pass
+    for candidate in candidates:
+        if candidate == candidates[1] and not only_iterations:
+            continue  # the name would say the iterations are what differs
+        if not has_earlier_run(candidate):
+            if candidate == base:
+                return base, None
+            differs = [change.split(":")[0] for change in changed_settings(
+                recorded, identity, step=newest_step(base))[0]] if recorded else []
+            what = f" ({', '.join(differs)})" if differs else ""
+            return candidate, (f"{base} holds a run with other settings{what}, so this one goes "
+                               f"to its own directory, {candidate} (--run_dir chooses one).")
+    return base, None  # every candidate is taken: training there says why it cannot resume
+
+
+def identity_digest(identity: dict[str, Any]) -> str:
+    """A short hash of the settings but the iterations (which the `-it<T>` names carry), so
+    that a run extended on a schedule that allows it keeps its directory."""
+    settings = {key: value for key, value in identity.items() if key != "iterations"}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()
+                          ).hexdigest()[:8]
+
+
+def newest_step(run_dir: Path) -> int:
+    """The step of the newest checkpoint in `run_dir` by its name (0 when there is none)."""
+    from danastar.train.checkpoint import CHECKPOINT_NAME, Checkpointer
+
+    return max((int(CHECKPOINT_NAME.match(path.name).group(2))
+                for path in Checkpointer(run_dir / "checkpoints", sharded=False).checkpoints()),
+               default=0)
+
+
+def holds_this_run(run_dir: Path, identity: dict[str, Any], older_is_ours: bool) -> bool:
+    """Whether `run_dir` holds a run that `train` with `identity` would resume or continue (not
+    refuse, and not call finished beyond its total). A run directory from before run.json counts
+    as ours when `older_is_ours` (its checkpoint's plan is compared when training starts)."""
+    if not has_earlier_run(run_dir):
+        return False
+    record = read_run_file(run_dir)
+    if record is None:
+        return older_is_ours
+    step = newest_step(run_dir)
+    refused, _ = changed_settings(record["identity"], identity, step=step)
+    return not refused and step <= identity["iterations"]
+
+
+def planned_run_dir(config, world_size: int, base: Optional[Path] = None
+                    ) -> tuple[Path, Optional[str]]:
+    """The directory `train` will use for `config` (and the line of `choose_run_dir`), worked
+    out without writing or preparing anything: --run_dir as given, else the automatic one next
+    to `base` (default: `default_run_dir`). Where the data is not prepared yet nothing could be
+    compared, and the base is the answer (training chooses again once it is)."""
+    from danastar.config import default_run_dir
+    from danastar.train.data import open_tokens
+
+    if config.logging.run_dir:
+        return Path(config.logging.run_dir), None
+    base = default_run_dir(config) if base is None else base
+    if not has_earlier_run(base) and not any(base.parent.glob(f"{glob.escape(base.name)}-*")):
+        return base, None  # nothing to compare with (the common case: no tokens opened)
+    tokens = open_tokens(config, prepare=False)
+    if tokens is None:
+        return base, None
+    return choose_run_dir(base, planned_identity(config, world_size, tokens),
+                          lambda iterations: planned_identity(
+                              config_with_iterations(config, iterations), world_size, tokens))
+
+
+def config_with_iterations(config, iterations: int):
+    """A copy of `config` with `train.iterations` set."""
+    import copy
+
+    changed = copy.deepcopy(config)
+    changed.train.iterations = iterations
+    return changed

@@ -37,8 +37,10 @@ from danastar.config import (
     batch_layout,
     config_notes,
     default_run_dir,
+    epochs_text,
     make_run_plan,
     model_config,
+    repetition_warning,
     save_yaml,
     schedule_options,
 )
@@ -78,12 +80,12 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     cleanup.callback(data.close)
     plan = make_run_plan(config, data.vocab_size, layout.data_parallel_size)
     iterations = plan.iterations
-    run_dir = Path(config.logging.run_dir) if config.logging.run_dir else default_run_dir(config)
+    identity = run_identity.run_identity(config, plan, layout, data.tokens)
+    notes: list[str] = []  # said once the logger exists (it writes into the run directory)
+    run_dir = where_to_run(config, identity, layout, data, env, notes)
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     parallel.barrier()
-    identity = run_identity.run_identity(config, plan, layout, data.tokens)
-    notes: list[str] = []  # said once the logger exists (it writes into the run directory)
     checkpointer = Checkpointer(run_dir / "checkpoints", sharded=env.sharded,
                                 keep_latest=config.checkpoint.keep_latest, log=notes.append)
     # before anything is loaded or written; the lock is held until the run ends
@@ -115,10 +117,16 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
         run_identity.record_start(run_dir, identity, config, layout, step, env.world_size,
                                   start.accepted)
     active = (f" ({plan.exact_active_params / 1e6:.2f}M active)" if plan.model.moe else "")
+    corpus_tokens = data.tokens.train_tokens
     log.info(f"run directory {run_dir}; {plan.arch} with {plan.exact_total_params / 1e6:.2f}M "
              f"parameters{active}, {plan.opt} at peak LR {plan.lr:.3g}, {iterations} steps of "
-             f"{layout.tokens_per_step} tokens, {env.world_size} process(es), backend "
-             f"{env.backend}, device {env.device}")
+             f"{layout.tokens_per_step} tokens ("
+             f"{epochs_text(plan.tokens, corpus_tokens, config.data.dataset)}), "
+             f"{env.world_size} process(es), backend {env.backend}, device {env.device}")
+    warning = repetition_warning(plan.tokens, layout.tokens_per_step, corpus_tokens,
+                                 config.data.dataset)
+    if warning:
+        log.info(warning)
     if resumed:
         log.info(resumed.describe())
     if step >= iterations:
@@ -126,6 +134,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
             write_status(run_dir, "complete", step=step, total=iterations, exit_code=0)
         log.info(f"this run already finished at step {step}; pass --no_auto_resume or another "
                  f"--run_dir to train again.")
+        log.info(next_commands(run_dir, data, config))
         return 0
 
     autocast = autocast_context(config, env.device)
@@ -248,7 +257,23 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     if step == iterations and config.train.sample_tokens > 0:
         log.end_progress()
         log.info("sample:\n" + generate_sample(model, core, data, config, autocast))
+    if step == iterations:
+        log.end_progress()
+        log.info(next_commands(run_dir, data, config))
     return exit_code
+
+
+def next_commands(run_dir: Path, data: TrainingData, config: TrainConfig) -> str:
+    """The last line of a complete run: what to run next on it (its table, and a sample from
+    a prompt where the data has a tokenizer)."""
+    import shlex
+
+    where = shlex.quote(str(run_dir))
+    line = f"next: danastar results {where}"
+    if data.tokenizer is not None:
+        prompt = "ROMEO:" if config.data.dataset == "shakespeare" else "The"
+        line += f"  |  danastar generate {where} --prompt {shlex.quote(prompt)}"
+    return line
 
 
 # ----------------------------------------------------------------------------------------------
@@ -427,6 +452,35 @@ def open_run_dir(run_dir: Path, identity: dict, config: TrainConfig, checkpointe
     if problem is not None:
         raise UserError.on_every_rank(problem, env.is_main)
     return start
+
+
+def where_to_run(config: TrainConfig, identity: dict, layout, data: TrainingData,
+                 env: parallel.Distributed, notes: list[str]) -> Path:
+    """--run_dir, or the automatic directory for this run's settings
+    (`identity.choose_run_dir`: the default name, or one of its own beside it when that holds
+    another run), chosen by rank 0 and given to every rank."""
+    if config.logging.run_dir:
+        return Path(config.logging.run_dir)
+    choice, problem = (None, None), None
+    if env.is_main:
+        try:
+            choice = run_identity.choose_run_dir(
+                default_run_dir(config), identity,
+                lambda iterations: run_identity.planned_identity(
+                    run_identity.config_with_iterations(config, iterations), layout.world_size,
+                    data.tokens))
+        except UserError as error:
+            problem = str(error)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        box = [(choice, problem)]
+        torch.distributed.broadcast_object_list(box, src=0)
+        choice, problem = box[0]
+    if problem is not None:
+        raise UserError.on_every_rank(problem, env.is_main)
+    run_dir, note = choice
+    if note:
+        notes.append(note)
+    return run_dir
 
 
 def decide_start(run_dir: Path, identity: dict, config: TrainConfig,
