@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up danastar in ./.venv and prints nothing else of note.
+# Sets up danastar in ./.venv, then prints how to run its commands.
 #
 # torch policy: a torch that Python can already import (a CUDA build, say) is reused through
 # --system-site-packages and never replaced; on a machine without one, the CPU build is
@@ -25,3 +25,9 @@ fi
 
 "$PY" -m pip install -q -e ".[${EXTRAS}]"
 "$PY" -c "import torch, danastar; print(f'setup: danastar {danastar.__version__} with torch {torch.__version__}')"
+# The commands are in .venv/bin: say how to reach them (the docs write `danastar ...`, `python ...`).
+cat <<'EOF'
+setup: done. The docs' commands (`danastar ...`, `python ...`) run in this environment:
+         source .venv/bin/activate          (once per shell), then e.g.  danastar train
+       or, without activating it:           .venv/bin/danastar train
+EOF

@@ -2,7 +2,7 @@
 docs/analysis.md that need more sizes than a CPU can train in minutes:
 2 optimizers x 6 sizes x 7 LRs, two seeds at the law's LR.
 
-    PYTHONPATH=src python docs/analysis/make_synthetic_runs.py runs/synthetic
+    python docs/analysis/make_synthetic_runs.py runs/synthetic
 
 The loss model is in tests/analysis/fake_runs.py: L = 2 + b·C^(−0.1) + ζ·ln²(lr/lr*), with the
 optimum lr* on the scaling table's law (times a log-normal factor per size, σ = 0.1) and
