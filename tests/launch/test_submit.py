@@ -177,6 +177,8 @@ def test_slurm_time_limits_are_read_as_sbatch_reads_them():
     (["--cpus_per_task", "0"], "--cpus_per_task 0 must be at least 1"),
     (["--gpus_per_node", "-4"], "--gpus_per_node -4 must be at least 0"),
     (["--partition", "gpu long"], "--partition 'gpu long' is not one word"),
+    (["--no_auto_resume"], "--no_auto_resume would make every requeued segment of the job "
+                           "start again from step 0"),
 ])
 def test_slurm_values_are_refused_in_the_dry_run(tmp_path, capsys, args, message):
     code = cli.main(["submit", *TINY, "--run_dir", str(tmp_path / "r"), *args, "--dry_run"])

@@ -71,6 +71,13 @@ def main(argv: list[str]) -> int:
     if any(a == "--nproc" or a.startswith(("--nproc=", "parallel.nproc=")) for a in train_argv):
         raise UserError("danastar submit starts one process per GPU through SLURM; use "
                         "--gpus_per_node (or --tasks_per_node) instead of --nproc.")
+    if any(a in ("--no_auto_resume", "checkpoint.auto_resume=false",
+                 "checkpoint.auto_resume=False") for a in train_argv):
+        # The job runs the same command in every segment: each requeue would move the run
+        # before it aside and start again from step 0.
+        raise UserError("--no_auto_resume would make every requeued segment of the job start "
+                        "again from step 0; to start afresh, give another --run_dir (or move the "
+                        "old run directory away) and submit without it.")
     slurm.check_request(args)  # the job's own values as SLURM reads them, before any work
     profile, choice = choose_profile(args)
     job, plans = plan_job(args, train_argv, profile)
