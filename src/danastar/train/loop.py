@@ -435,23 +435,33 @@ def open_run_dir(run_dir: Path, identity: dict, config: TrainConfig, checkpointe
     files), before any checkpoint is loaded: rank 0 holds the directory's lock until `cleanup`
     closes (another live process there is refused, naming it), then decides. Every rank gets
     its answer, or raises its refusal (which rank 0 alone prints)."""
-    start, problem = None, None
+    def decide() -> RunStart:
+        unlocked = cleanup.enter_context(run_lock.hold(run_dir, "danastar train",
+                                                       "use another --run_dir"))
+        start = decide_start(run_dir, identity, config, checkpointer)
+        if unlocked:
+            start.notes.append(unlocked)
+        return start
+
+    return decided_on_rank_0(decide, env)
+
+
+def decided_on_rank_0(decide, env: parallel.Distributed):
+    """`decide()` on rank 0 alone, its answer given to every rank; a refusal (UserError) there
+    is raised on every rank (and printed by rank 0 alone)."""
+    answer, problem = None, None
     if env.is_main:
         try:
-            unlocked = cleanup.enter_context(run_lock.hold(run_dir, "danastar train",
-                                                           "use another --run_dir"))
-            start = decide_start(run_dir, identity, config, checkpointer)
-            if unlocked:
-                start.notes.append(unlocked)
+            answer = decide()
         except UserError as error:
             problem = str(error)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        box = [(start, problem)]
+        box = [(answer, problem)]
         torch.distributed.broadcast_object_list(box, src=0)
-        start, problem = box[0]
+        answer, problem = box[0]
     if problem is not None:
         raise UserError.on_every_rank(problem, env.is_main)
-    return start
+    return answer
 
 
 def where_to_run(config: TrainConfig, identity: dict, layout, data: TrainingData,
@@ -461,23 +471,11 @@ def where_to_run(config: TrainConfig, identity: dict, layout, data: TrainingData
     another run), chosen by rank 0 and given to every rank."""
     if config.logging.run_dir:
         return Path(config.logging.run_dir)
-    choice, problem = (None, None), None
-    if env.is_main:
-        try:
-            choice = run_identity.choose_run_dir(
-                default_run_dir(config), identity,
-                lambda iterations: run_identity.planned_identity(
-                    run_identity.config_with_iterations(config, iterations), layout.world_size,
-                    data.tokens))
-        except UserError as error:
-            problem = str(error)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        box = [(choice, problem)]
-        torch.distributed.broadcast_object_list(box, src=0)
-        choice, problem = box[0]
-    if problem is not None:
-        raise UserError.on_every_rank(problem, env.is_main)
-    run_dir, note = choice
+    run_dir, note = decided_on_rank_0(lambda: run_identity.choose_run_dir(
+        default_run_dir(config), identity,
+        lambda iterations: run_identity.planned_identity(
+            run_identity.config_with_iterations(config, iterations), layout.world_size,
+            data.tokens)), env)
     if note:
         notes.append(note)
     return run_dir
