@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--optim", action="append", default=[], metavar="NAME:lr=X[,key=Y]",
                          help="also run a danastar.optim optimizer on the same data, e.g. "
                               "adana:lr=1e-3,kappa=0.67 (repeatable; points only)")
+    compare.add_argument("--framework", choices=("torch", "jax"), default="torch",
+                         help="run the --optim optimizers with danastar.optim (torch, default) "
+                              "or with their optax versions, danastar.optax (jax: adana, "
+                              "dana-mk4, dana-star, dana-star-mk4; needs the 'jax' extra)")
     scaling = sub.add_parser("scaling", help="risk vs compute d·t over d = 100·2^i with the "
                                              "lower envelope per method")
     _common(scaling, alpha=1.0, d="", T="T-factor · d^(2α)", with_v=False)
@@ -119,13 +123,10 @@ def _horizon_fits(d: int, alpha: float, factor: float, what: str, fix: str) -> N
            f"more than {MAX_STEPS:.0e}; {fix}.")
 
 
-def parse_optimizer(text: str):
+def parse_optimizer(text: str, framework: str = "torch"):
     """`name:lr=1e-3,key=value,...` -> TorchOptimizer (numbers parsed as floats), checked by
-    building the optimizer once on a small tensor (UserError naming --optim otherwise)."""
-    import torch
-
-    from danastar.optim import build_optimizer
-    from danastar.optim.registry import resolve
+    building the optimizer once on a small tensor (UserError naming --optim otherwise); with
+    framework "jax", the optax optimizer of that name."""
     from danastar.theory.simulate import TorchOptimizer
 
     name, _, rest = text.partition(":")
@@ -142,19 +143,47 @@ def parse_optimizer(text: str):
         except ValueError:
             hparams[key] = value.strip()
     _check("lr" in hparams, f"--optim {text!r} needs a learning rate: e.g. {name}:lr=1e-3.")
-    try:
-        resolve(name)
-    except ValueError as error:
-        raise UserError(f"--optim {text!r}: {error}.") from None
+    build = _jax_builder(text, name) if framework == "jax" else _torch_builder(text, name)
     lr = hparams.pop("lr")
     _check(isinstance(lr, float) and math.isfinite(lr) and lr > 0,
            f"--optim {text!r}: lr must be a number > 0, e.g. {name}:lr=1e-3.")
     try:
-        build_optimizer(name, [torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))], lr=lr,
-                        **hparams)
+        build(lr, hparams)
     except (ValueError, TypeError) as error:
         raise UserError(f"--optim {text!r}: {error}.") from None
     return TorchOptimizer(name, float(lr), hparams)
+
+
+def _torch_builder(text: str, name: str):
+    """A function that builds the danastar.optim optimizer ``name`` on a small tensor."""
+    import torch
+
+    from danastar.optim import build_optimizer
+    from danastar.optim.registry import resolve
+
+    try:
+        resolve(name)
+    except ValueError as error:
+        raise UserError(f"--optim {text!r}: {error}.") from None
+    return lambda lr, hparams: build_optimizer(
+        name, [torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))], lr=lr, **hparams)
+
+
+def _jax_builder(text: str, name: str):
+    """A function that builds the danastar.optax optimizer ``name``."""
+    import importlib.util
+
+    from danastar.extras import needs_extra
+    from danastar.theory.simulate import JAX_OPTIMIZERS
+
+    _check(all(importlib.util.find_spec(module) for module in ("jax", "optax")),
+           f"{needs_extra('danastar theory --framework jax', 'jax')}.")
+    _check(name in JAX_OPTIMIZERS,
+           f"--optim {text!r}: --framework jax has {', '.join(JAX_OPTIMIZERS)} "
+           f"(danastar.optax); run {name} with --framework torch.")
+    from danastar.optax import OPTIMIZERS
+
+    return lambda lr, hparams: OPTIMIZERS[name](lr, **hparams)
 
 
 def _parse_list(text: str, flag: str, cast, example: str):
@@ -184,7 +213,7 @@ def _inputs(args) -> dict:
                       "give --T, or a smaller --d or --alpha")
     inputs: dict = {"T": T}
     if args.figure == "compare":
-        inputs["optimizers"] = [parse_optimizer(text) for text in args.optim]
+        inputs["optimizers"] = [parse_optimizer(text, args.framework) for text in args.optim]
         inputs["sim_steps"] = (0 if args.sim_steps == 0
                                else _integer_steps(args.sim_steps, "--sim-steps"))
         _check(args.seeds >= 1, f"--seeds must be >= 1, got {args.seeds}.")
@@ -261,7 +290,8 @@ def main(argv: list[str]) -> int:
     if args.figure == "compare":
         data = figures.compare_data(d=args.d or 500, v=args.v, T=T,
                                     sim_steps=inputs["sim_steps"], seeds=args.seeds,
-                                    seed=args.seed, optimizers=inputs["optimizers"], **common)
+                                    seed=args.seed, optimizers=inputs["optimizers"],
+                                    framework=args.framework, **common)
         figure = figures.plot_compare(data)
     elif args.figure == "scaling":
         data = figures.scaling_data(ds=inputs["ds"], v_ratio=args.v_ratio,

@@ -70,22 +70,25 @@ def optimizer_label(entry: dict) -> str:
     for key, value in entry.get("hparams", {}).items():
         shown = f"{value:g}" if isinstance(value, float) else str(value)
         options.append(f"{'κ' if key == 'kappa' else key}={shown}")
-    return f"{entry['name']} (danastar.optim, {', '.join(options)})"
+    library = "danastar.optax" if entry.get("framework") == "jax" else "danastar.optim"
+    return f"{entry['name']} ({library}, {', '.join(options)})"
 
 
 def compare_data(alpha: float = 1.5, beta: float = 0.3, d: int = 500, v: int | None = None,
                  batch: int = 1, T: int | None = None, sim_steps: int | None = None,
                  seeds: int = 5, seed: int = 0,
-                 optimizers: Sequence[TorchOptimizer] = (), dtau: float = 1e-3) -> dict:
+                 optimizers: Sequence[TorchOptimizer] = (), dtau: float = 1e-3,
+                 framework: str = "torch") -> dict:
     """The ODE on the exact inputs of one W up to T, and `seeds` stochastic runs on that W up to
-    sim_steps (default min(T, 10^5)), for every preset and any danastar.optim optimizers."""
+    sim_steps (default min(T, 10^5)), for every preset and any danastar.optim optimizers (or,
+    with ``framework="jax"``, their danastar.optax versions)."""
     v = 5 * d if v is None else v
     T, sim_steps = compare_steps(alpha, d, T, sim_steps)
     model = PLRF(alpha, beta, d, v, seed=seed)
     schedules = [preset(name, alpha, d, v, batch) for name in COMPARE_METHODS]
     ode = solve_ode(model.spectral_inputs(), schedules, batch, T, dtau=dtau)
     runs = (simulate(model, schedules, batch, sim_steps, seeds=seeds, seed=seed + 1,
-                     optimizers=optimizers) if sim_steps > 0 else None)
+                     optimizers=optimizers, framework=framework) if sim_steps > 0 else None)
     methods = []
     for i, (key, schedule) in enumerate(zip(COMPARE_METHODS, schedules, strict=True)):
         entry = {"key": key, "name": schedule.name, "ode_risk": ode.risks[i].tolist()}
@@ -97,7 +100,8 @@ def compare_data(alpha: float = 1.5, beta: float = 0.3, d: int = 500, v: int | N
     for j, spec in enumerate(optimizers):
         i = len(schedules) + j
         extra.append({"name": spec.display_name, "optimizer": spec.name, "lr": spec.lr,
-                      "hparams": spec.hparams, "sim_mean": runs.mean[i].tolist(),
+                      "hparams": spec.hparams, "framework": framework,
+                      "sim_mean": runs.mean[i].tolist(),
                       "sim_std": runs.std[i].tolist()})
     return {
         "figure": "compare", "alpha": alpha, "beta": beta, "d": d, "v": v, "batch": batch,

@@ -1,17 +1,20 @@
-"""The stochastic simulator: generalised momentum SGD and danastar.optim optimizers on one W.
+"""The stochastic simulator: generalised momentum SGD and danastar's optimizers on one W.
 
 Every run steps on the same data: at step t each seed draws one batch of B samples, and every
 schedule and every optimizer takes its gradient on that batch (common random numbers, so the
 differences between methods are not sampling noise). Seeds differ in their data stream only.
 
 Samples are drawn in the eigenbasis of K (see `PLRF`): O(B d) per step for the momentum
-schedules, which are rotation-invariant. The danastar.optim optimizers act coordinate-wise, so
-they step in the original coordinates theta = V theta_tilde (one d x d product per step).
+schedules, which are rotation-invariant. The optimizers act coordinate-wise, so they step in
+the original coordinates theta = V theta_tilde (one d x d product per step), in float64: those of
+danastar.optim (torch, the default) or their optax versions from danastar.optax
+(``framework="jax"``), which step alike to rounding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +30,8 @@ class TorchOptimizer:
 
     `name` is a registry name (`adana`, `dana-star-mk4`, `adamw`, `torch:NAdam`, ...);
     `hparams` are its keyword arguments. Only element-wise optimizers make sense here (each
-    seed's parameters are one row of a single (seeds, d) tensor).
+    seed's parameters are one row of a single (seeds, d) tensor). With ``framework="jax"``
+    `simulate` runs the optax optimizer of the same name instead (`JAX_OPTIMIZERS`).
     """
 
     name: str
@@ -58,27 +62,109 @@ class SimulationResult:
         return self.risks.std(axis=1)
 
 
-def _build_torch_optimizers(optimizers, start, dtype):
-    import torch
+FRAMEWORKS = ("torch", "jax")
+# The optimizers danastar.optax has (its aliases of these danastar.optim registry names).
+JAX_OPTIMIZERS = ("adana", "dana-mk4", "dana-star", "dana-star-mk4")
 
-    from danastar.optim import build_optimizer
 
-    params, built = [], []
-    for spec in optimizers:
-        param = torch.nn.Parameter(torch.tensor(start, dtype=dtype))
-        built.append(build_optimizer(spec.name, [param], lr=spec.lr, **spec.hparams))
-        params.append(param)
-    return params, built
+class TorchRunner:
+    """The optimizers of danastar.optim, each on a float64 (seeds, d) parameter."""
+
+    def __init__(self, optimizers: Sequence[TorchOptimizer], start: np.ndarray):
+        import torch
+
+        from danastar.optim import build_optimizer
+
+        self.params, self.built = [], []
+        for spec in optimizers:
+            param = torch.nn.Parameter(torch.tensor(start, dtype=torch.float64))
+            self.built.append(build_optimizer(spec.name, [param], lr=spec.lr, **spec.hparams))
+            self.params.append(param)
+        # NumPy views of the parameters: the basis changes run in NumPy (one BLAS pool; torch's
+        # threads would fight it for the cores), only the optimizers' steps run in torch.
+        self.views = [param.detach().numpy() for param in self.params]
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
+    def values(self) -> list[np.ndarray]:
+        return self.views
+
+    def step(self, grads: list[np.ndarray]) -> None:
+        import torch
+
+        for param, optimizer, grad in zip(self.params, self.built, grads, strict=True):
+            param.grad = torch.from_numpy(grad)
+            optimizer.step()
+
+
+class JaxRunner:
+    """The same optimizers from danastar.optax, each step one jitted update, in float64 (jax's
+    x64 mode, switched on while the run lasts)."""
+
+    def __init__(self, optimizers: Sequence[TorchOptimizer], start: np.ndarray):
+        self.optimizers, self.start = list(optimizers), start
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        import jax
+        import jax.numpy as jnp
+        import optax
+
+        from danastar.optax import OPTIMIZERS
+
+        previous = jax.config.jax_enable_x64
+        jax.config.update("jax_enable_x64", True)
+        try:
+            self.params, self.states, self.steps = [], [], []
+            for spec in self.optimizers:
+                optimizer = OPTIMIZERS[spec.name](spec.lr, **spec.hparams)
+                params = jnp.asarray(self.start, dtype=jnp.float64)
+
+                def step(params, state, grad, optimizer=optimizer):
+                    updates, state = optimizer.update(grad, state, params)
+                    return optax.apply_updates(params, updates), state
+
+                self.params.append(params)
+                self.states.append(optimizer.init(params))
+                self.steps.append(jax.jit(step))
+            yield
+        finally:
+            jax.config.update("jax_enable_x64", previous)
+
+    def values(self) -> list[np.ndarray]:
+        return [np.asarray(params) for params in self.params]
+
+    def step(self, grads: list[np.ndarray]) -> None:
+        for i, grad in enumerate(grads):
+            self.params[i], self.states[i] = self.steps[i](self.params[i], self.states[i], grad)
 
 
 def simulate(model: PLRF, schedules: Sequence[Schedule] = (), batch: int = 1,
              steps: int = 1000, seeds: int = 4, seed: int = 0,
              optimizers: Sequence[TorchOptimizer] = (), times: np.ndarray | None = None,
-             chunk: int = 2048) -> SimulationResult:
+             chunk: int = 2048, framework: str = "torch") -> SimulationResult:
     """Run every schedule and optimizer for `steps` steps from theta = 0, `seeds` data streams.
 
     The exact population risk is recorded at `times` (default `evaluation_times(steps)`).
+    `framework`: the optimizers of danastar.optim (``"torch"``) or of danastar.optax
+    (``"jax"``, the four DANA optimizers of `JAX_OPTIMIZERS`).
     """
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework must be one of {FRAMEWORKS}, got {framework!r}")
+    if framework == "jax":
+        unknown = [spec.name for spec in optimizers if spec.name not in JAX_OPTIMIZERS]
+        if unknown:
+            raise ValueError(f"danastar.optax has no {', '.join(unknown)}; it has "
+                             f"{', '.join(JAX_OPTIMIZERS)}")
     schedules, optimizers = list(schedules), list(optimizers)
     if not schedules and not optimizers:
         raise ValueError("simulate needs at least one schedule or optimizer")
@@ -93,22 +179,15 @@ def simulate(model: PLRF, schedules: Sequence[Schedule] = (), batch: int = 1,
     error = np.repeat(-target[None, None, :], n_sched, 0).repeat(seeds, 1)
     momentum = np.zeros_like(error)
     normalised = np.array([sch.risk_normalised for sch in schedules], dtype=bool)
-    if optimizers:
-        import torch
-
-        params, built = _build_torch_optimizers(optimizers, np.zeros((seeds, d)), torch.float64)
-        # NumPy views of the parameters: the basis changes run in NumPy (one BLAS pool; torch's
-        # threads would fight it for the cores), only the optimizers' steps run in torch.
-        views = [param.detach().numpy() for param in params]
-        basis = model.V  # columns: eigenvectors of K
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+    runner_class = TorchRunner if framework == "torch" else JaxRunner
+    runner = runner_class(optimizers, np.zeros((seeds, d))) if optimizers else None
+    basis = model.V  # columns: eigenvectors of K
 
     risks = np.empty((n_sched + n_opt, seeds, len(times)))
     record = {int(t): k for k, t in enumerate(times)}
 
     def eigen_errors_of_optimizers():
-        return [view @ basis - target for view in views]
+        return [view @ basis - target for view in runner.values()]
 
     def save(k):
         if n_sched:
@@ -145,18 +224,16 @@ def simulate(model: PLRF, schedules: Sequence[Schedule] = (), batch: int = 1,
                     momentum = (1 - D) * momentum + g1 * grad
                     error = error - g2 * grad - g3 * momentum
                 if n_opt:
-                    errors = eigen_errors_of_optimizers()
-                    for param, opt, e in zip(params, built, errors, strict=True):
+                    grads = []
+                    for e in eigen_errors_of_optimizers():
                         residual = np.einsum("sd,sbd->sb", s * e, xi) - noise
                         grad_eigen = s * np.einsum("sb,sbd->sd", residual, xi) / batch
-                        param.grad = torch.from_numpy(grad_eigen @ basis.T)
-                        opt.step()
-    try:
+                        grads.append(grad_eigen @ basis.T)
+                    runner.step(grads)
+
+    with runner.running() if runner is not None else nullcontext():
         run_steps()
-    finally:
-        if optimizers:
-            torch.set_num_threads(threads)
-    if steps in record:
-        save(record[steps])
+        if steps in record:
+            save(record[steps])
     names = [sch.name for sch in schedules] + [o.display_name for o in optimizers]
     return SimulationResult(names, times.astype(np.float64), risks, model.risk_infinity)
