@@ -3,9 +3,9 @@
     danastar generate runs/my-run --prompt "ROMEO:" --tokens 200
     danastar generate runs/my-run/checkpoints/permanent-00001000 --prompt "The" --temperature 0
 
-The model is rebuilt from the run's own config.yaml and plan.json, its weights read from the
-newest complete checkpoint of the run (or the one named), single-file (`state.pt`) or sharded
-(`torch.distributed.checkpoint`, read whole in this one process), and the prompt encoded with
+The model and its weights come from `danastar.train.weights.load_weights`: the newest complete
+checkpoint of the run (or the one named), single-file (`state.pt`) or sharded
+(`torch.distributed.checkpoint`, read whole in this one process), and the prompt is encoded with
 the run's own tokenizer (the synthetic source has none: the prompt is then token ids, e.g.
 "1 2 3"). Sampling uses the model's KV cache, with temperature, top-k and a seed; it reads
 checkpoints and writes nothing. It names the checkpoint it sampled from (path and step) on
@@ -15,11 +15,9 @@ standard error, so that standard output holds the sample alone.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
-import warnings
 from pathlib import Path
 
 from danastar.errors import UserError
@@ -53,37 +51,6 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def find_checkpoint(path: Path) -> tuple[Path, Path, dict]:
-    """(run directory, checkpoint folder, its meta) for a run directory or a checkpoint folder."""
-    from danastar.train.checkpoint import META_FILE, Checkpointer, verify
-
-    if (path / META_FILE).is_file():
-        meta, problem = verify(path)
-        if meta is None:
-            raise UserError(f"checkpoint {path} cannot be used ({problem}); name another "
-                            f"checkpoint or the run directory.")
-        return path.parent.parent, path, meta
-    if not (path / "config.yaml").is_file():
-        raise UserError(f"{path} is neither a run directory (with config.yaml) nor a checkpoint "
-                        f"folder (with {META_FILE}); give one of them.")
-    # Not Checkpointer.find_latest: that sets corrupt checkpoints aside, and this only reads.
-    skipped = []
-    for candidate in reversed(Checkpointer(path / "checkpoints", sharded=False).checkpoints()):
-        meta, problem = verify(candidate)
-        if meta is not None:
-            for newer, why in skipped:
-                _say(f"checkpoint {newer} cannot be used ({why}); sampling from the older "
-                     f"{candidate.name} instead.")
-            return path, candidate, meta
-        skipped.append((candidate, problem))
-    if skipped:
-        listed = "; ".join(f"{c.name}: {why}" for c, why in skipped)
-        raise UserError(f"run {path} has no usable checkpoint ({listed}); train it further or "
-                        f"name another checkpoint folder.")
-    raise UserError(f"run {path} has no complete checkpoint yet; train it further or name a "
-                    f"checkpoint folder.")
-
-
 def _say(message: str) -> None:
     print(f"danastar generate: {message}", file=sys.stderr, flush=True)
 
@@ -108,52 +75,25 @@ def pick_device(requested: str):
     return torch.device("cuda", index)
 
 
-def load_model(run_dir: Path, checkpoint: Path, layout: str, device):
-    """The run's model with the checkpoint's weights, in eval mode on `device`."""
-    import torch
-
-    from danastar.config import load_config, make_run_plan, model_config
-    from danastar.models import build_model
-    from danastar.train.checkpoint import STATE_FILE
-
-    try:
-        config, _ = load_config(["--config", str(run_dir / "config.yaml")])
-        saved = json.loads((run_dir / "plan.json").read_text())
-    except (OSError, ValueError) as error:
-        raise UserError(f"run {run_dir} has no readable plan.json ({error}); give a run "
-                        f"directory written by danastar train.") from None
-    plan = make_run_plan(config, saved["plan"]["vocab_size"],
-                         saved["batch_layout"]["data_parallel_size"])
-    with torch.device(device):
-        model = build_model(model_config(config, plan))
-    if layout == "single":
-        state = torch.load(checkpoint / STATE_FILE, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-    else:
-        import torch.distributed.checkpoint as dcp
-
-        # The shards of every rank, read whole into this process (no process group needed).
-        weights = {"model": model.state_dict()}
-        with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
-            warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
-            dcp.load(weights, checkpoint_id=str(checkpoint))
-        model.load_state_dict(weights["model"])
-    return model.eval(), config
-
-
 def generate(path: Path, prompt: str, *, tokens: int, temperature: float, top_k: int | None,
              seed: int, device: str = "auto") -> str:
     import torch
 
     from danastar.data.loader import TokenData
     from danastar.data.prepare import ensure_prepared
+    from danastar.models import build_model
+    from danastar.train.weights import load_weights
 
     device = pick_device(device)
-    run_dir, checkpoint, meta = find_checkpoint(path)
-    model, config = load_model(run_dir, checkpoint, meta["layout"], device)
+    weights = load_weights(path, say=_say, using="sampling from")
+    with torch.device(device):
+        model = build_model(weights.model_config)
+    model.load_state_dict(weights.state_dict)
+    model.eval()
+    dataset = weights.dataset
     tokenizer = None
-    if config.data.dataset != "synthetic":
-        tokenizer = TokenData.open(ensure_prepared(config.data.dataset)).tokenizer()
+    if dataset != "synthetic":
+        tokenizer = TokenData.open(ensure_prepared(dataset)).tokenizer()
     if tokenizer is not None:
         ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
     else:
@@ -169,7 +109,7 @@ def generate(path: Path, prompt: str, *, tokens: int, temperature: float, top_k:
                         f"this model's vocabulary of {vocab} (ids 0 to {vocab - 1}); give ids "
                         "in that range.")
     if outside:
-        raise UserError(f"the tokenizer of {config.data.dataset} turns --prompt into id(s) up to "
+        raise UserError(f"the tokenizer of {dataset} turns --prompt into id(s) up to "
                         f"{outside[-1]}, outside this model's vocabulary of {vocab}: the data was "
                         "prepared again with another tokenizer after the run trained; prepare it "
                         "with the run's tokenizer to sample from this run.")
@@ -182,7 +122,7 @@ def generate(path: Path, prompt: str, *, tokens: int, temperature: float, top_k:
         _say(f"stopped after {room} new tokens, at the model's context of {context} tokens (the "
              f"prompt takes {len(ids)}); ask for --tokens {room} or fewer, or give a shorter "
              "--prompt.")
-    _say(f"sampling from {checkpoint} (step {meta.get('step', '?')}, {device.type})")
+    _say(f"sampling from {weights.checkpoint} (step {weights.step}, {device.type})")
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(torch.tensor([ids], device=device), min(tokens, room),

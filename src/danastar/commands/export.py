@@ -1,0 +1,40 @@
+"""`danastar export RUN_DIR|CHECKPOINT --out DIR`: a trained model in the Hugging Face format.
+
+    danastar export runs/my-run --out hf/my-run
+    python -c "from transformers import AutoModelForCausalLM; \\
+               AutoModelForCausalLM.from_pretrained('hf/my-run')"
+
+Writes safetensors weights, config.json, generation_config.json, the tokenizer where the run has
+one, and a model card (README.md) with the run's optimizer, step, tokens and validation loss.
+Llama and Qwen3 / Qwen3-Next map onto transformers' own classes; Enoki and the models no class
+computes ship their class as modeling_danastar.py (loaded with trust_remote_code=True). The
+export checks that its logits equal danastar's before writing anything (docs/export.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="danastar export",
+        description="Write a run's checkpoint as a Hugging Face model directory.")
+    parser.add_argument("path", metavar="RUN_DIR|CHECKPOINT",
+                        help="a run directory (its newest checkpoint) or one checkpoint folder")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="the directory to write (new or empty)")
+    parser.add_argument("--custom", action="store_true",
+                        help="export danastar's own class (trust_remote_code) even where "
+                             "transformers has one")
+    args = parser.parse_args(argv)
+    from danastar.export import export
+
+    result = export(Path(args.path), args.out, custom=args.custom)
+    kind = "transformers' own class" if result.native else "trust_remote_code=True"
+    print(f"exported step {result.step} to {result.out} as {result.architecture} ({kind}); "
+          f"logits equal danastar's to {result.max_error:.1e}")
+    print(f"files: {', '.join(result.files)}")
+    print(f"tokenizer: {result.tokenizer_note}")
+    return 0

@@ -1,0 +1,84 @@
+"""The model card (``README.md`` of an export): how the model was trained, from the run's own
+records, so that a shared model says which optimizer made it."""
+
+from __future__ import annotations
+
+from danastar.export.mapping import Mapping
+from danastar.train.weights import Weights
+
+# run.json identity fields shown under "Training", in this order, with their labels
+TRAINING_FIELDS = (
+    ("opt", "optimizer"), ("lr", "peak learning rate"), ("scheduler", "LR schedule"),
+    ("warmup_steps", "warm-up steps"), ("weight_decay", "weight decay"), ("wd_ts", "wd_ts"),
+    ("kappa", "kappa"), ("delta", "delta"), ("omega", "omega"), ("grad_clip", "gradient clip"),
+    ("iterations", "planned steps"), ("global_batch", "global batch (sequences)"),
+    ("sequence_length", "sequence length"), ("dataset", "dataset"), ("tokenizer", "tokenizer"),
+    ("seed", "seed"),
+)
+
+
+def model_card(weights: Weights, mapping: Mapping, max_error: float, tokenizer_note: str) -> str:
+    config, identity = weights.model_config, weights.identity
+    moe = ""
+    if config.moe:
+        moe = (f", mixture of experts ({config.moe_num_experts} experts, "
+               f"{config.moe_num_experts_per_tok} per token)")
+    loading = ("AutoModelForCausalLM.from_pretrained(path)" if mapping.native else
+               "AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)")
+    tokenizer_line = ("tokenizer = AutoTokenizer.from_pretrained(path)\n"
+                      if "tokenizer.json" in tokenizer_note else "")
+    rows = [("step", f"{weights.step:,}")]
+    if weights.tokens is not None:
+        rows.append(("training tokens", f"{weights.tokens:,}"))
+    if weights.val_loss is not None:
+        rows.append(("validation loss", f"{weights.val_loss:.4f}"))
+    rows += [(label, _value(identity[key])) for key, label in TRAINING_FIELDS
+             if identity.get(key) is not None]
+    table = "\n".join(f"| {label} | {value} |" for label, value in rows)
+    class_note = (f"`{mapping.architecture}` (transformers' own class)" if mapping.native else
+                  f"`{mapping.architecture}`, defined in `modeling_danastar.py` beside the "
+                  f"weights ({mapping.why_custom})")
+    tags = "\n".join(f"- {tag}" for tag in ("danastar", config.arch,
+                                            identity.get("opt") or "pretraining"))
+    return f"""---
+library_name: transformers
+pipeline_tag: text-generation
+tags:
+{tags}
+---
+
+# {config.arch} ({_millions(weights)} parameters), trained by danastar
+
+A {config.n_layer}-layer {config.arch} language model (width {config.n_embd}, \
+{config.n_head} heads of {config.head_dim}, MLP {config.mlp_hidden}{moe}, context \
+{config.max_seq_len}, vocabulary {config.vocab_size}), exported from the danastar run \
+`{weights.run_dir.name}` at step {weights.step:,}.
+
+Class: {class_note}. Its logits equal danastar's own on random tokens to {max_error:.1e} \
+(float32, checked by the export).
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+path = "."  # this directory, or its name on the hub
+model = {loading}
+{tokenizer_line}```
+
+Tokenizer: {tokenizer_note}.
+
+## Training
+
+| | |
+|---|---|
+{table}
+"""
+
+
+def _value(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _millions(weights: Weights) -> str:
+    count = sum(t.numel() for t in weights.state_dict.values())
+    if weights.model_config.tie_embeddings:  # the head is the embedding, listed twice
+        count -= weights.state_dict["lm_head.weight"].numel()
+    return f"{count / 1e6:.1f}M"
