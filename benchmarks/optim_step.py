@@ -14,7 +14,10 @@ beside it: where it approaches the device time the step is bound by launches and
 by memory. Writes ``benchmarks/results/optim_step-<device>.json`` and prints a markdown table.
 
 Parameters may be float32 or bfloat16 (``--dtypes``); danastar keeps float32 state for bf16
-parameters, torch's AdamW keeps state in the parameter's dtype, and the byte counts say so.
+parameters unless asked for bf16 state (the ``, bf16 state`` rows: stochastically rounded),
+torch's AdamW keeps state in the parameter's dtype, and the byte counts say so.
+``--enoki-heads H ...`` times a model-shaped list instead: the parameters of Enoki at H heads
+(vocabulary ``--vocab``), one size per H, hundreds of tensors for the larger ones.
 ``--compile-only`` takes two steps of every candidate and times nothing: run it in a few
 processes at once (one size each) to fill the compile caches before a timed run.
 """
@@ -37,41 +40,56 @@ from danastar.optim import AdamWDecayingWD, ADana, AdEMAMix, DanaStar
 
 LAYERS = 4
 
-# name -> (constructor, state buffers, whether the state is kept in the parameter's dtype).
-# Every candidate reads p, g and each buffer and writes p and each buffer.
+# name -> (constructor, state buffers, the state's dtype: "param" (the parameter's), "wide"
+# (at least float32) or "bf16"). Every candidate reads p, g and each buffer and writes p and
+# each buffer.
 CANDIDATES = {
-    "adamw fused (torch)": (lambda ps, lr: torch.optim.AdamW(ps, lr=lr, fused=True), 2, True),
+    "adamw fused (torch)": (lambda ps, lr: torch.optim.AdamW(ps, lr=lr, fused=True), 2,
+                            "param"),
     "adamw foreach (torch)": (lambda ps, lr: torch.optim.AdamW(ps, lr=lr, foreach=True), 2,
-                              True),
+                              "param"),
 }
 # A decaying weight decay (the paper's ω = 4 for a 10 000-step run: λ = 4e-3, time scale 1000);
 # the decay is one per-step scalar, so its value does not change the work of a step.
 DECAY = dict(weight_decay=4e-3, wd_ts=1000)
+# danastar's optimizers: name -> (class, variant settings, state buffers).
+DANASTAR = {
+    "adana": (ADana, {**DECAY}, 2), "dana-mk4": (ADana, {"clipsnr": 2.0, **DECAY}, 2),
+    "dana-star": (DanaStar, {**DECAY}, 3),
+    "dana-star-mk4": (DanaStar, {"clipsnr": 2.0, **DECAY}, 3),
+    "adamw-decaying-wd": (AdamWDecayingWD, {**DECAY}, 2), "ademamix": (AdEMAMix, {}, 3),
+}
+FOREACH = ("adana", "dana-mk4", "dana-star", "dana-star-mk4")  # those with a foreach path
 for impl in ("foreach", "compiled", "reference"):
-    CANDIDATES |= {
-        f"adana {impl}": (lambda ps, lr, i=impl: ADana(ps, lr=lr, **DECAY, impl=i), 2, False),
-        f"dana-mk4 {impl}": (lambda ps, lr, i=impl: ADana(ps, lr=lr, clipsnr=2.0, **DECAY,
-                                                          impl=i), 2, False),
-        f"dana-star {impl}": (lambda ps, lr, i=impl: DanaStar(ps, lr=lr, **DECAY, impl=i), 3,
-                              False),
-        f"dana-star-mk4 {impl}": (lambda ps, lr, i=impl: DanaStar(
-            ps, lr=lr, clipsnr=2.0, **DECAY, impl=i), 3, False),
-    }
-for impl in ("compiled", "reference"):
-    CANDIDATES |= {
-        f"adamw-decaying-wd {impl}": (lambda ps, lr, i=impl: AdamWDecayingWD(
-            ps, lr=lr, **DECAY, impl=i), 2, False),
-        f"ademamix {impl}": (lambda ps, lr, i=impl: AdEMAMix(ps, lr=lr, impl=i), 3, False),
-    }
+    for name, (cls, settings, buffers) in DANASTAR.items():
+        if impl != "foreach" or name in FOREACH:
+            CANDIDATES[f"{name} {impl}"] = (
+                lambda ps, lr, c=cls, s=settings, i=impl: c(ps, lr=lr, **s, impl=i), buffers,
+                "wide")
+for name, (cls, settings, buffers) in DANASTAR.items():
+    CANDIDATES[f"{name} compiled, bf16 state"] = (
+        lambda ps, lr, c=cls, s=settings: c(ps, lr=lr, **s, impl="compiled",
+                                            state_dtype=torch.bfloat16), buffers, "bf16")
 BASELINE = "adamw fused (torch)"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def bytes_per_parameter(dtype: torch.dtype, buffers: int, state_in_param_dtype: bool) -> int:
-    """Bytes one step must move per parameter: read p, g and the buffers; write p and buffers."""
+def bytes_per_parameter(dtype: torch.dtype, buffers: int, state: str) -> int:
+    """Bytes one step must move per parameter: read p, g and the buffers; write p and buffers.
+    ``state``: "param" (state in the parameter's dtype), "wide" (at least float32) or "bf16"."""
     param_bytes = dtype.itemsize
-    state_bytes = param_bytes if state_in_param_dtype else max(param_bytes, 4)
+    state_bytes = {"param": param_bytes, "wide": max(param_bytes, 4), "bf16": 2}[state]
     return 3 * param_bytes + 2 * buffers * state_bytes
+
+
+def enoki_shapes(heads: int, vocab: int) -> list[tuple[int, ...]]:
+    """The parameter shapes of Enoki at ``heads`` heads (a real model's list of tensors)."""
+    from danastar.models import ModelConfig, build_model
+
+    with torch.device("meta"):
+        model = build_model(ModelConfig.from_heads("enoki", heads, vocab_size=vocab,
+                                                   max_seq_len=256))
+    return [tuple(p.shape) for p in model.parameters()]
 
 
 def model_shapes(total: int) -> list[tuple[int, ...]]:
@@ -162,6 +180,11 @@ def main(argv=None):
                         help="skip the multi-pass paths (reference, foreach) above this size "
                              "(default: 1e7 on CPU, where they take seconds; none on CUDA)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--enoki-heads", nargs="+", type=int, default=None,
+                        help="time Enoki's parameter list at these head counts instead of "
+                             "--sizes")
+    parser.add_argument("--vocab", type=int, default=50257,
+                        help="vocabulary of the --enoki-heads models (default GPT-2's)")
     parser.add_argument("--inductor", nargs="+", default=[], metavar="KEY=VALUE",
                         help="torch._inductor.config settings for the compiled paths, e.g. "
                              "combo_kernels=True (values are Python literals)")
@@ -176,10 +199,12 @@ def main(argv=None):
     if args.max_slow_size is None:
         args.max_slow_size = float("inf") if gpu else 1e7
     sizes = args.sizes or ([1e6, 1e7, 1e8, 1e9] if gpu else [1e5, 1e6, 1e7, 1e8])
+    shape_lists = [model_shapes(int(size)) for size in sizes] if args.enoki_heads is None \
+        else [enoki_shapes(heads, args.vocab) for heads in args.enoki_heads]
     rows = []
     for dtype_name in args.dtypes:
-        for size in [int(s) for s in sizes]:
-            rows += measure_size(args, device, size, DTYPES[dtype_name])
+        for shapes in shape_lists:
+            rows += measure_size(args, device, shapes, DTYPES[dtype_name])
     if args.compile_only:
         return
 
@@ -218,9 +243,9 @@ def set_inductor_config(settings: list[str]) -> dict:
     return applied
 
 
-def measure_size(args, device, size: int, dtype: torch.dtype) -> list[dict]:
-    """Every selected candidate at one size and dtype, each against fused AdamW of this run."""
-    shapes = model_shapes(size)
+def measure_size(args, device, shapes, dtype: torch.dtype) -> list[dict]:
+    """Every selected candidate on one list of shapes and dtype, each against fused AdamW of
+    this run."""
     numel = sum(math.prod(s) for s in shapes)
     if device.type == "cuda":
         repeats = 50 if numel <= 2e7 else 20
@@ -229,7 +254,7 @@ def measure_size(args, device, size: int, dtype: torch.dtype) -> list[dict]:
     if args.compile_only:
         repeats = 0
     rows, baseline = [], None
-    for name, (make, buffers, state_in_param_dtype) in CANDIDATES.items():
+    for name, (make, buffers, state) in CANDIDATES.items():
         selected = args.only is None or any(key in name for key in args.only)
         if name != BASELINE and not selected:
             continue
@@ -242,7 +267,7 @@ def measure_size(args, device, size: int, dtype: torch.dtype) -> list[dict]:
         if args.compile_only:
             continue
         baseline = seconds if name == BASELINE else baseline
-        moved = bytes_per_parameter(dtype, buffers, state_in_param_dtype) * numel
+        moved = bytes_per_parameter(dtype, buffers, state) * numel
         row = {"optimizer": name, "params": numel, "dtype": str(dtype).removeprefix("torch."),
                "tensors": len(shapes), "ms_per_step": seconds * 1e3,
                "host_ms_per_step": host_seconds * 1e3, "bytes_per_param": moved / numel,
@@ -265,11 +290,12 @@ def merge_with_earlier_runs(out: Path, rows: list[dict], device) -> list[dict]:
                                                           torch.__version__):
         return rows
     def key(row):
-        return row["optimizer"], row["params"], row.get("dtype", "float32")
+        return row["optimizer"], row["params"], row.get("dtype", "float32"), row["tensors"]
 
     measured = {key(r) for r in rows}
     kept = [r for r in earlier["rows"] if key(r) not in measured]
-    return sorted(kept + rows, key=lambda r: (r.get("dtype", "float32"), r["params"]))
+    return sorted(kept + rows, key=lambda r: (r.get("dtype", "float32"), r["params"],
+                                              r["tensors"]))
 
 
 def markdown_table(rows) -> str:

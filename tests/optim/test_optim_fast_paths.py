@@ -61,6 +61,7 @@ def test_foreach_matches_reference(variant, dtype):
     (DanaStar, {"clipsnr": 2.0}),
     pytest.param(AdEMAMix, {"alpha_warmup": 10, "beta3_warmup": 10}, marks=pytest.mark.slow),
 ], ids=["dana-mk4", "dana-star-mk4", "ademamix"])
+@pytest.mark.process  # the compiled path builds its kernel with a C++ compiler
 def test_compiled_matches_reference_without_recompiling(cls, hparams):
     """A group mixing a float64 and a float32 tensor (one compiled graph covers both), 20 steps
     with the LR changing every step: the graph is built on the first step and never again."""

@@ -27,6 +27,10 @@ OPTIMIZERS = {
     "ademamix-decaying-wd": {**DECAYING, "alpha_warmup": 3}, "muon": {"weight_decay": 0.1},
 }
 LAYOUTS = ("ddp", "fsdp2", "hsdp", "tp+fsdp2")
+# bf16 state with stochastic rounding: its random bits are keyed by each element's place in the
+# whole tensor, so the shards round as one process does.
+BF16_STATE = {"state_dtype": torch.bfloat16}
+BF16_STATE_OPTIMIZERS = ("adana", "dana-star-mk4", "ademamix")
 STEPS = 4
 # One test process runs this module under pytest-xdist, so the two workers start once.
 pytestmark = pytest.mark.xdist_group("optim_fsdp")
@@ -53,12 +57,13 @@ class Net(nn.Module):
 IDX = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 1]])  # every rank: the same batch
 
 
-def train(model, name, impl=None, steps=STEPS, optimizer=None):
+def train(model, name, impl=None, steps=STEPS, optimizer=None, settings=None):
     """``steps`` steps on a schedule (an LR scheduler, so the decay's s_t varies); returns the
-    optimizer and its scheduler."""
+    optimizer and its scheduler. ``settings``: more keyword arguments (the state's dtype)."""
     if optimizer is None:
         optimizer = build_optimizer(name, model.named_parameters(), lr=0.05,
-                                    **({"impl": impl} if impl else {}), **OPTIMIZERS[name])
+                                    **({"impl": impl} if impl else {}), **OPTIMIZERS[name],
+                                    **(settings or {}))
         optimizer.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: 1 / (1 + step))
     for _ in range(steps):
@@ -103,14 +108,14 @@ def shard(model, layout, world):
     return fully_shard(model, mesh=mesh)
 
 
-def checkpoint_in_the_middle(name, world, directory):
+def checkpoint_in_the_middle(name, world, directory, settings=None):
     """FSDP2: two steps, a DCP save of model and optimizer, a fresh model and optimizer loaded
     from it, two more steps."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model = shard(Net(), "fsdp2", world)
-    optimizer = train(model, name, steps=2)
+    optimizer = train(model, name, steps=2, settings=settings)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=directory)
     scheduler_state = optimizer.scheduler.state_dict()
@@ -119,7 +124,7 @@ def checkpoint_in_the_middle(name, world, directory):
     with torch.no_grad():
         for param in fresh.parameters():
             param.zero_()  # nothing of the first model survives but what the checkpoint holds
-    resumed = train(fresh, name, steps=0)
+    resumed = train(fresh, name, steps=0, settings=settings)
     model_state, optimizer_state = get_state_dict(fresh, resumed)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=directory)
@@ -149,6 +154,12 @@ def sharded_worker(rank, world, port, out_path, directory):
             results[f"{layout} {name}"] = full_params(model)
     for name in OPTIMIZERS:
         results[f"dcp {name}"] = checkpoint_in_the_middle(name, world, f"{directory}/{name}")
+    for name in BF16_STATE_OPTIMIZERS:
+        model = shard(Net(), "fsdp2", world)
+        train(model, name, settings=BF16_STATE)
+        results[f"bf16 fsdp2 {name}"] = full_params(model)
+        results[f"bf16 dcp {name}"] = checkpoint_in_the_middle(
+            name, world, f"{directory}/bf16-{name}", BF16_STATE)
     if rank == 0:
         torch.save(results, out_path)
     dist.barrier()  # neither rank tears gloo down while the other may still be talking to it
@@ -216,4 +227,17 @@ def test_dcp_save_and_load_in_the_middle_continues_the_run(sharded, name):
     """Saved after step 2 and loaded into a fresh sharded model and optimizer, the run goes on
     exactly as the uninterrupted FSDP2 run."""
     for got, expected in zip(sharded[f"dcp {name}"], sharded[f"fsdp2 {name}"]):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BF16_STATE_OPTIMIZERS)
+def test_bf16_state_under_fsdp2_and_dcp(sharded, name):
+    """bf16 state on FSDP2 shards rounds as in one process (the same random bits for the same
+    elements), and a DCP save and load in the middle continues it bitwise."""
+    model = Net()
+    train(model, name, settings=BF16_STATE)
+    for got, expected in zip(sharded[f"bf16 fsdp2 {name}"], full_params(model)):
+        torch.testing.assert_close(got, expected, **TOLERANCES["fsdp2"])
+    for got, expected in zip(sharded[f"bf16 dcp {name}"], sharded[f"bf16 fsdp2 {name}"]):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)

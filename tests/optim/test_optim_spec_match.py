@@ -92,7 +92,9 @@ def test_a_small_clipsnr_binds_in_the_spec():
         assert np.all(np.abs(clipped) < np.abs(free))
 
 
-@pytest.mark.parametrize("impl", ["reference", "foreach", "compiled"])
+# The compiled path builds its kernel with a C++ compiler: a `process` test.
+@pytest.mark.parametrize("impl", ["reference", "foreach",
+                                  pytest.param("compiled", marks=pytest.mark.process)])
 @pytest.mark.parametrize("name, star", [("dana-mk4", False), ("dana-star-mk4", True)])
 def test_snr_clipping_matches_spec_when_it_binds(name, star, impl):
     run_against_spec(name, partial(spec.dana_step, star=star), {"clipsnr": 0.3}, impl=impl)

@@ -5,7 +5,7 @@
     optimizer = build_optimizer("dana-star-mk4", model.named_parameters(), lr=3e-4)
 """
 
-from .adamw import AdamWDecayingWD
+from .adamw import AdamW, AdamWDecayingWD
 from .adana import ADana
 from .ademamix import AdEMAMix
 from .dana_star import DanaStar
@@ -15,6 +15,6 @@ from .schedules import apply_schedule, get_schedule
 from .weight_decay import log_time_weight_decay, param_groups
 
 __all__ = [
-    "ADana", "DanaStar", "AdamWDecayingWD", "AdEMAMix", "MuonWithAdamW", "OPTIMIZERS",
+    "ADana", "DanaStar", "AdamW", "AdamWDecayingWD", "AdEMAMix", "MuonWithAdamW", "OPTIMIZERS",
     "build_optimizer", "get_schedule", "apply_schedule", "param_groups", "log_time_weight_decay",
 ]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from .base import (
     DEFAULT_LR,
     PerTensorOptimizer,
@@ -93,7 +95,8 @@ class AdEMAMix(PerTensorOptimizer):
 
     def __init__(self, params, lr=DEFAULT_LR, *, betas=(0.9, 0.999, 0.9999), alpha=5.0,
                  alpha_warmup=None, beta3_warmup=None, eps=1e-8, weight_decay=0.0, wd_ts=None,
-                 decaying_wd=False, omega=None, total_steps=None, impl=None):
+                 decaying_wd=False, omega=None, total_steps=None, impl=None,
+                 state_dtype=torch.float32, stochastic_rounding=False):
         call = paper_call("AdEMAMix", "decaying_wd=True, ")
         if not decaying_wd and (omega is not None or total_steps is not None):
             raise ValueError(f"AdEMAMix: omega and total_steps set the decaying weight decay, so "
@@ -110,7 +113,7 @@ class AdEMAMix(PerTensorOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), alpha=alpha, alpha_warmup=alpha_warmup,
                         beta3_warmup=beta3_warmup, eps=eps, weight_decay=weight_decay,
                         wd_ts=wd_ts, decaying_wd=bool(decaying_wd))
-        super().__init__(params, defaults, impl)
+        super().__init__(params, defaults, impl, state_dtype, stochastic_rounding)
 
     def check_param_group(self, group: dict) -> None:
         if group["decaying_wd"]:  # the coupled decay is AdamW's, scaled by the LR

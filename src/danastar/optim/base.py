@@ -31,7 +31,14 @@ from itertools import chain
 import torch
 from torch.distributed.tensor import DTensor
 
+from .rounding import random_integers, seed_from_torch, shard_layout, store, tensor_salt
+
 IMPLS = ("reference", "foreach", "compiled")
+# The dtypes the state (m, v, tau ...) may be kept in: float32 (widened to the parameter's dtype
+# for float64 parameters), or bfloat16 with stochastic rounding on every write.
+STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# The per-step scalar that carries the step count into the rounding's random bits.
+ROUNDING_STEP = "rounding_step"
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -39,9 +46,25 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def state_dtype(param: torch.Tensor) -> torch.dtype:
-    """Moments are kept in at least float32 (bf16/fp16 parameters get float32 state)."""
+def working_dtype(param: torch.Tensor) -> torch.dtype:
+    """The dtype an update computes in: at least float32 (bf16/fp16 parameters and bf16 state
+    are widened to it)."""
     return torch.promote_types(param.dtype, torch.float32)
+
+
+def buffer_dtype(param: torch.Tensor, group_state_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a parameter's state buffers: bfloat16 when the group asks for it, else the
+    working dtype (float32 state for bf16 parameters, float64 for float64 ones)."""
+    return torch.bfloat16 if group_state_dtype == torch.bfloat16 else working_dtype(param)
+
+
+def resolve_state_dtype(value) -> torch.dtype:
+    """``state_dtype`` as a torch dtype; a name ("bfloat16") is accepted too."""
+    name = value if isinstance(value, str) else str(value).removeprefix("torch.")
+    if name not in STATE_DTYPES:
+        raise ValueError(f"state_dtype must be one of torch.float32, torch.bfloat16 (or their "
+                         f"names), got {value!r}")
+    return STATE_DTYPES[name]
 
 
 def decay_multiplier(weight_decay, schedule_factor, k, wd_ts):
@@ -61,18 +84,75 @@ def schedule_factor(group: dict) -> float:
     return float(group["lr"]) / initial_lr if initial_lr != 0 else 0.0
 
 
-def run_per_tensor(update, params, grads, buffers, scalars, constants):
-    """Apply ``update`` to each tensor: the reference path."""
+def run_per_tensor(update, params, grads, buffers, scalars, constants, rounding=None):
+    """Apply ``update`` to each tensor: the reference path. ``rounding``: None, or
+    ``(salts, layouts, round_params)`` (one salt and `shard_layout` per tensor) for
+    `rounded_update`."""
     for i, (param, grad) in enumerate(zip(params, grads)):
-        update(param, grad, *(buffer[i] for buffer in buffers), **scalars, **constants)
+        tensor_buffers = [buffer[i] for buffer in buffers]
+        if rounding is None:
+            update(param, grad, *tensor_buffers, **scalars, **constants)
+        else:
+            rounded_update(update, param, grad, tensor_buffers, scalars, constants,
+                           (rounding[0][i], rounding[1][i]), rounding[2])
 
 
-def run_per_tensor_packed(update, params, grads, buffers, packed, names, constants):
+def without_step(scalars: dict) -> tuple:
+    """The step count for the rounding's random bits, and the scalars the update takes."""
+    return scalars[ROUNDING_STEP], {n: v for n, v in scalars.items() if n != ROUNDING_STEP}
+
+
+def working_state(param, buffers):
+    """The parameter and buffers in the working dtype: themselves where they have it (updated
+    in place), else widened copies."""
+    dtype = working_dtype(param)
+    return param.to(dtype), [buffer.to(dtype) for buffer in buffers]
+
+
+def store_rounded(param, buffers, work, state, step, key, round_params):
+    """Write the updated working copies back: low-precision buffers stochastically rounded, a
+    low-precision parameter too when ``round_params``, else rounded to nearest."""
+    writes = [(buffer, value, True) for buffer, value in zip(buffers, state) if value is not buffer]
+    if work is not param:
+        writes.append((param, work, round_params and param.dtype == torch.bfloat16))
+    count = sum(rounds for _, _, rounds in writes)
+    draws = random_integers(param, step, key[0], count, key[1]) if count else []
+    for target, value, rounds in writes:
+        store(target, value, draws.pop(0) if rounds else None)
+
+
+def rounded_update(update, param, grad, buffers, scalars, constants, key, round_params):
+    """``update`` on working copies in float32 (or wider), then `store_rounded`: every buffer
+    write is stochastically rounded with random bits keyed by (tensor, step, element);
+    ``key``: the tensor's salt and `shard_layout`."""
+    step, scalars = without_step(scalars)
+    work, state = working_state(param, buffers)
+    update(work, grad, *state, **scalars, **constants)
+    store_rounded(param, buffers, work, state, step, key, round_params)
+
+
+def run_foreach_rounded(foreach_update, params, grads, buffers, scalars, constants, rounding):
+    """The foreach path for low-precision state: the multi-tensor update on working copies,
+    then each tensor stored back as `rounded_update` does."""
+    step, scalars = without_step(scalars)
+    pairs = [working_state(param, [buffer[i] for buffer in buffers])
+             for i, param in enumerate(params)]
+    work = [pair[0] for pair in pairs]
+    state = [[pair[1][b] for pair in pairs] for b in range(len(buffers))]
+    foreach_update(work, grads, *state, **scalars, **constants)
+    for i, param in enumerate(params):
+        store_rounded(param, [buffer[i] for buffer in buffers], work[i],
+                      [values[i] for values in state], step, (rounding[0][i], rounding[1][i]),
+                      rounding[2])
+
+
+def run_per_tensor_packed(update, params, grads, buffers, packed, names, constants,
+                          rounding=None):
     """`run_per_tensor` with the per-step scalars packed in one 1-D tensor (``names`` says which
     is which): the function the compiled path compiles. One tensor moves to the device per step
     (asynchronously, from pinned memory) instead of one blocking copy per scalar."""
     scalars = {name: packed[i] for i, name in enumerate(names)}
-    run_per_tensor(update, params, grads, buffers, scalars, constants)
+    run_per_tensor(update, params, grads, buffers, scalars, constants, rounding)
 
 
 def compiled_available() -> bool:
@@ -90,12 +170,15 @@ def compile_per_tensor_runner() -> Callable:
     Dynamo keeps its cache, and its recompile limit, per code object; one copy per optimizer
     keeps optimizers (and their groups of different shapes) from evicting each other. Dynamo's
     guards already check every input's size and stride, so inductor's own per-call size asserts
-    (one per tensor, a measurable part of a step's host time) are left out.
+    (one per tensor, a measurable part of a step's host time) are left out. Casts to bf16 are
+    kept as written (``emulate_precision_casts``): inductor otherwise drops a round trip
+    float32 -> bf16 -> float32, which the stochastic rounding relies on.
     """
     runner = run_per_tensor_packed
     code = runner.__code__.replace()  # an equal but distinct code object
     copy = types.FunctionType(code, runner.__globals__, runner.__name__)
-    return torch.compile(copy, fullgraph=True, dynamic=False, options={"size_asserts": False})
+    return torch.compile(copy, fullgraph=True, dynamic=False,
+                         options={"size_asserts": False, "emulate_precision_casts": True})
 
 
 def pack_scalars(values: list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -200,10 +283,16 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     # arithmetic on a scalar that float32 would spoil, such as 1 - beta with beta near 1.
     float32_scalars: bool = False
 
-    def __init__(self, params, defaults: dict, impl: str | None = None):
+    def __init__(self, params, defaults: dict, impl: str | None = None,
+                 state_dtype=torch.float32, stochastic_rounding: bool = False):
         check_lr(defaults["lr"])
         check_impl(impl, self.supported_impls())
         self.impl = impl
+        # Per group: the state's dtype, whether bf16 parameters are stochastically rounded too,
+        # and the seed of the rounding's random bits (module rounding).
+        defaults = {**defaults, "state_dtype": resolve_state_dtype(state_dtype),
+                    "stochastic_rounding": bool(stochastic_rounding),
+                    "rounding_seed": seed_from_torch()}
         self._forget_kept()
         super().__init__(params, defaults)
 
@@ -212,6 +301,7 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         id(group) -> the tensors `_gather` found, and id(group) -> `_advance`'s packed counts."""
         self._gathered: dict = {}
         self._packed_steps: dict = {}
+        self._salts: dict = {}
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -230,6 +320,7 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         # The peak LR gamma*; torch LR schedulers use setdefault on this key, so they keep it.
         group.setdefault("initial_lr", group["lr"])
         try:
+            group["state_dtype"] = resolve_state_dtype(group["state_dtype"])
             self.check_param_group(group)
         except ValueError:
             self.param_groups.pop()  # a refused group is not kept
@@ -264,19 +355,21 @@ class PerTensorOptimizer(torch.optim.Optimizer):
             return "reference"
         return "foreach"
 
-    def _init_state(self, param: torch.Tensor) -> dict:
+    def _init_state(self, param: torch.Tensor, group: dict) -> dict:
         state = self.state[param]
         if not state:
             # As in torch.optim: a float32 CPU tensor (exact to 2**24 steps), read without a
             # device sync when the per-step scalars are computed.
             state["step"] = torch.zeros((), dtype=torch.float32)
+            dtype = buffer_dtype(param, group["state_dtype"])
             for name in self.buffer_names:
-                state[name] = torch.zeros_like(param, dtype=state_dtype(param),
+                state[name] = torch.zeros_like(param, dtype=dtype,
                                                memory_format=torch.preserve_format)
         return state
 
     def _gather(self, group: dict):
-        """The group's tensors that have gradients: local params, grads, state buffers, steps.
+        """The group's tensors that have gradients: local params, grads, state buffers, steps,
+        and each tensor's position in the group (which keys its rounding's random bits).
 
         The params, buffers and step tensors of a group change only when the group or the state
         does, so they are kept between steps (checked by identity of each parameter's state);
@@ -290,22 +383,24 @@ class PerTensorOptimizer(torch.optim.Optimizer):
                     grads) and all(
                     self.state.get(param) is kept for param, kept in zip(cached[0], cached[1])):
                 return cached[2], [self._local_grad(p, g) for p, g in zip(cached[0], grads)], \
-                    cached[3], cached[4]
-        params, local_grads, steps, states = [], [], [], []
+                    cached[3], cached[4], cached[5]
+        params, local_grads, steps, states, positions = [], [], [], [], []
         buffers = [[] for _ in self.buffer_names]
-        for param, grad in zip(group["params"], grads):
+        for position, (param, grad) in enumerate(zip(group["params"], grads)):
             if grad is None:
                 continue  # skipped: its step count does not advance
-            state = self._init_state(param)
+            state = self._init_state(param, group)
             states.append(state)
+            positions.append(position)
             params.append(local(param))
             local_grads.append(self._local_grad(param, grad))
             steps.append(state["step"])
             for buffer, name in zip(buffers, self.buffer_names):
                 buffer.append(local(state[name]))
         if len(params) == len(grads):
-            self._gathered[id(group)] = (group["params"], states, params, buffers, steps)
-        return params, local_grads, buffers, steps
+            self._gathered[id(group)] = (group["params"], states, params, buffers, steps,
+                                         positions)
+        return params, local_grads, buffers, steps, positions
 
     def _local_grad(self, param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         if grad.is_sparse:
@@ -323,13 +418,30 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            params, grads, buffers, steps = self._gather(group)
+        for group_index, group in enumerate(self.param_groups):
+            params, grads, buffers, steps, positions = self._gather(group)
             if params:
-                self._update_group(group, params, grads, buffers, steps)
+                self._update_group(group, params, grads, buffers, steps,
+                                   self._rounding(group, group_index, params, buffers, positions))
         return loss
 
-    def _update_group(self, group, params, grads, buffers, steps):
+    def _rounding(self, group, group_index, params, buffers, positions):
+        """None when every write is plain (float32 state, no stochastic rounding of bf16
+        parameters); else ``(salts, layouts, round_params)`` for `run_per_tensor`."""
+        round_params = group["stochastic_rounding"]
+        low_state = bool(buffers) and buffers[0][0].dtype == torch.bfloat16
+        if not low_state and not (round_params and any(
+                p.dtype == torch.bfloat16 for p in params)):
+            return None
+        key = (group["rounding_seed"], group_index, tuple(positions))
+        kept = self._salts.get(id(group))
+        if kept is None or kept[0] != key:  # the salts change only with the group
+            salts = tuple(tensor_salt(key[0], group_index, position) for position in positions)
+            layouts = tuple(shard_layout(group["params"][position]) for position in positions)
+            kept = self._salts[id(group)] = (key, salts, layouts)
+        return kept[1], kept[2], round_params
+
+    def _update_group(self, group, params, grads, buffers, steps, rounding=None):
         impl = self.resolve_impl(params)
         constants = {name: group[name] for name in self.update_constants}
         buckets: dict[float, list[int]] = {}
@@ -340,12 +452,22 @@ class PerTensorOptimizer(torch.optim.Optimizer):
                 return tensors if len(index) == len(tensors) else [tensors[i] for i in index]
             lists = (pick(params), pick(grads), [pick(b) for b in buffers])
             scalars = self.scalars_for(group, k)
+            picked = None
+            if rounding is not None:
+                scalars[ROUNDING_STEP] = k
+                picked = (tuple(pick(list(rounding[0]))), tuple(pick(list(rounding[1]))),
+                          rounding[2])
             if impl == "foreach":
-                type(self).foreach_update(lists[0], lists[1], *lists[2], **scalars, **constants)
+                if picked is None:
+                    type(self).foreach_update(lists[0], lists[1], *lists[2], **scalars,
+                                              **constants)
+                else:
+                    run_foreach_rounded(type(self).foreach_update, *lists, scalars, constants,
+                                        picked)
             elif impl == "reference":
-                run_per_tensor(type(self).update, *lists, scalars, constants)
+                run_per_tensor(type(self).update, *lists, scalars, constants, picked)
             else:
-                self._run_compiled(lists, scalars, constants)
+                self._run_compiled(lists, scalars, constants, picked)
 
     def _advance(self, group: dict, steps: list[torch.Tensor]) -> list[float]:
         """Add one to each step count; returns the new counts.
@@ -373,7 +495,7 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         self._gathered.clear()  # other kept lists may hold the replaced step tensors
         return flat, views
 
-    def _run_compiled(self, lists, scalars, constants):
+    def _run_compiled(self, lists, scalars, constants, rounding=None):
         device = lists[0][0].device
         # float32 scalars (see float32_scalars) unless the group holds float64 tensors.
         wide = not self.float32_scalars or any(p.dtype == torch.float64 for p in lists[0])
@@ -385,17 +507,21 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         try:
             # Each group compiles once (and once more per pattern of None grads).
             with torch._dynamo.config.patch(recompile_limit=8 + 2 * len(self.param_groups)):
-                self._compiled_runner(type(self).update, *lists, packed, names, constants)
+                self._compiled_runner(type(self).update, *lists, packed, names, constants,
+                                      rounding)
         except Exception as error:  # compilation failed (no compiler, unsupported platform)
             if self.impl == "compiled" or getattr(self, "_compile_worked", False):
                 raise
             warnings.warn(f"{type(self).__name__}: torch.compile failed ({error}); "
                           "using the non-compiled path", stacklevel=4)
             self.impl = self.uncompiled_impl(lists[0])
-            if self.impl == "foreach":
+            if self.impl == "foreach" and rounding is not None:
+                run_foreach_rounded(type(self).foreach_update, *lists, scalars, constants,
+                                    rounding)
+            elif self.impl == "foreach":
                 type(self).foreach_update(lists[0], lists[1], *lists[2], **scalars, **constants)
             else:
-                run_per_tensor(type(self).update, *lists, scalars, constants)
+                run_per_tensor(type(self).update, *lists, scalars, constants, rounding)
             return
         self._compile_worked = True
 
@@ -414,6 +540,10 @@ class PerTensorOptimizer(torch.optim.Optimizer):
 
         def restore(optimizer):
             optimizer._restore_saved_state(loaded["state_dict"])
+            for group in optimizer.param_groups:  # saved before the rounding settings existed
+                for key in ("state_dtype", "stochastic_rounding", "rounding_seed"):
+                    group.setdefault(key, optimizer.defaults[key])
+                group["state_dtype"] = resolve_state_dtype(group["state_dtype"])
 
         handles = (self.register_load_state_dict_pre_hook(keep),
                    self.register_load_state_dict_post_hook(restore, prepend=True))

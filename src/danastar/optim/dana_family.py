@@ -56,7 +56,7 @@ class DanaBase(PerTensorOptimizer):
 
     def __init__(self, params, lr=DEFAULT_LR, *, delta=DEFAULT_DELTA, kappa=DEFAULT_KAPPA,
                  clipsnr=None, weight_decay=0.0, wd_ts=None, omega=None, total_steps=None,
-                 eps=1e-8, impl=None):
+                 eps=1e-8, impl=None, state_dtype=torch.float32, stochastic_rounding=False):
         owner = type(self).__name__
         params, weight_decay, wd_ts = resolve_weight_decay(
             owner, paper_call(owner), params, weight_decay, wd_ts, omega, total_steps)
@@ -65,7 +65,7 @@ class DanaBase(PerTensorOptimizer):
         # load_state_dict carry it like the explicit form.
         defaults = dict(lr=lr, delta=delta, kappa=kappa, clipsnr=clipsnr,
                         weight_decay=weight_decay, wd_ts=wd_ts, eps=eps)
-        super().__init__(params, defaults, impl)
+        super().__init__(params, defaults, impl, state_dtype, stochastic_rounding)
 
     def check_param_group(self, group: dict) -> None:
         owner = type(self).__name__
@@ -85,6 +85,9 @@ class DanaBase(PerTensorOptimizer):
                 state = self.state.get(param)
                 if not state:
                     continue
+                state = {name: value.float() if torch.is_tensor(value)  # bf16 state
+                         and value.dtype == torch.bfloat16 else value
+                         for name, value in state.items()}
                 terms = self.diagnostic_terms(state, state["step"].item(), group)
                 for name, values in terms.items():
                     sums[name] = sums.get(name, 0.0) + _total(values)

@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 
-from .adamw import AdamWDecayingWD
+from .adamw import AdamW, AdamWDecayingWD
 from .adana import ADana
 from .ademamix import AdEMAMix
+from .base import resolve_state_dtype
 from .dana_family import DEFAULT_CLIPSNR
 from .dana_star import DanaStar
 from .muon import MuonWithAdamW
@@ -108,6 +109,17 @@ def snr_clipped(name: str) -> bool:
     return name in OPTIMIZERS and "clipsnr" in OPTIMIZERS[name].variant
 
 
+def takes_state_dtype(name: str) -> bool:
+    """Whether ``name`` can keep its state in another dtype (``state_dtype``): danastar's own
+    optimizers."""
+    return name == "adamw" or name in OPTIMIZERS and "state_dtype" in inspect.signature(
+        OPTIMIZERS[name].constructor).parameters
+
+
+def state_dtype_optimizers() -> list[str]:
+    return [name for name in OPTIMIZERS if takes_state_dtype(name)]
+
+
 def run_hparams(name: str, run: RunSettings) -> dict[str, Any]:
     """The keyword arguments ``build_optimizer(name, ...)`` takes from a run."""
     if name in OPTIMIZERS:
@@ -174,6 +186,10 @@ def build_optimizer(name: str, params, lr: float, **hparams) -> torch.optim.Opti
     ``clipsnr``, ``weight_decay``, ``wd_ts``, ``betas``, ...). Every group gets ``initial_lr``.
     """
     constructor, variant = resolve(name)
+    state_dtype = resolve_state_dtype(hparams.get("state_dtype", torch.float32))
+    if constructor is torch.optim.AdamW and (state_dtype != torch.float32
+                                             or hparams.get("stochastic_rounding")):
+        constructor = AdamW  # torch's update, with the state options torch's AdamW lacks
     if lr < 0:
         raise ValueError(f"lr must be >= 0, got {lr}")
     accepted = inspect.signature(constructor).parameters

@@ -25,6 +25,8 @@ WD_TS_DIVISOR = 10  # the paper's time scale of the decay: wd_ts = ⌊T/10⌋
 # 99.997% in 100 steps, 0.01 63%, even 1e-3 9.5%. The largest constant decay allowed is ≈5.1e-4.
 MAX_EARLY_DECAY = 0.05
 EARLY_STEPS = 100
+# The weight-decay strength ω of the paper's runs (λ = ω / wd_ts with wd_ts = T/10).
+PAPER_OMEGA = 4.0
 
 
 def log_time_weight_decay(omega: float, total_steps: int,
