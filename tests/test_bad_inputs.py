@@ -15,9 +15,9 @@ import torch
 
 import danastar
 from danastar.cli import main as danastar_main
-from danastar.commands.train import dry_run
 from danastar.config import load_config
 from danastar.errors import UserError
+from danastar.train.plan import dry_run
 
 # A tiny run on the synthetic source: planning it takes milliseconds and needs no data.
 BASE = ["--dataset", "synthetic", "--heads", "2", "--batch_size", "4", "--sequence_length", "32",

@@ -12,11 +12,11 @@ import torch
 
 import danastar
 from danastar.cli import main as danastar_main
-from danastar.commands.train import dry_run
 from danastar.config import load_config, model_config
 from danastar.errors import UserError
 from danastar.models import build_model
 from danastar.scaling import lr_law, make_plan
+from danastar.train.plan import dry_run
 
 BASE = ["--dataset", "synthetic", "--heads", "2", "--batch_size", "4", "--sequence_length", "32",
         "--iterations", "3"]
@@ -35,16 +35,14 @@ def refusal(argv: list[str]) -> str:
 
 def test_the_release_flags_map_to_their_keys_with_the_release_defaults():
     config, _ = load_config([*BASE, "--moe"])
-    model = config.model
-    assert (model.moe, model.moe_num_experts, model.moe_num_shared_experts,
-            model.moe_num_experts_per_tok) == (True, 8, 0, 2)
-    assert (model.moe_routing, model.moe_softmax_order, model.moe_router_loss) == (
+    moe = config.model.moe
+    assert (moe.enabled, moe.num_experts, moe.num_shared_experts,
+            moe.num_experts_per_tok) == (True, 8, 0, 2)
+    assert (moe.routing, moe.softmax_order, moe.router_loss) == (
         "standard_gating", "topk_softmax", "load_balancing_z_loss")
-    assert (model.moe_aux_loss_factor, model.moe_z_loss_factor,
-            model.moe_entropy_loss_factor) == (0.1, 0.01, 0.01)
-    assert model.moe_expert_capacity_factor == 0.0  # dropless here; the release's is 1.5
-    assert (model.moe_budget, model.decoder_sparse_step, model.mlp_only_layers) == ("active", 1,
-                                                                                    "")
+    assert (moe.aux_loss_factor, moe.z_loss_factor, moe.entropy_loss_factor) == (0.1, 0.01, 0.01)
+    assert moe.expert_capacity_factor == 0.0  # dropless here; the release's is 1.5
+    assert (moe.budget, moe.decoder_sparse_step, moe.mlp_only_layers) == ("active", 1, ())
     config, _ = load_config([
         *BASE, "--arch", "qwen3next", "--moe_num_experts", "6", "--moe_num_experts_per_tok", "1",
         "--moe_softmax_order", "softmax_topk", "--moe_router_loss", "entropy",
@@ -53,16 +51,15 @@ def test_the_release_flags_map_to_their_keys_with_the_release_defaults():
         "--use_gated_shared_expert", "--shared_expert_intermediate_size", "96",
         "--decoder_sparse_step", "2", "--mlp_only_layers", "2", "--mlp_dim_exp_factor", "0.5",
         "--plot_router_logits", "--moe_budget", "total"])
-    model = config.model
-    assert model.moe  # qwen3next implies --moe
-    assert (model.moe_num_experts, model.moe_num_experts_per_tok, model.moe_softmax_order,
-            model.moe_router_loss) == (6, 1, "softmax_topk", "entropy")
-    assert (model.moe_aux_loss_factor, model.moe_z_loss_factor, model.moe_entropy_loss_factor,
-            model.moe_expert_capacity_factor) == (0.0, 0.5, 0.2, 1.5)
-    assert (model.use_gated_shared_expert, model.shared_expert_intermediate_size,
-            model.decoder_sparse_step, model.mlp_only_layers) == (True, 96, 2, "2")
-    assert (model.mlp_dim_exp_factor, model.plot_router_logits, model.moe_budget) == (
-        0.5, True, "total")
+    moe = config.model.moe
+    assert moe.enabled  # qwen3next implies --moe
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.softmax_order, moe.router_loss) == (
+        6, 1, "softmax_topk", "entropy")
+    assert (moe.aux_loss_factor, moe.z_loss_factor, moe.entropy_loss_factor,
+            moe.expert_capacity_factor) == (0.0, 0.5, 0.2, 1.5)
+    assert (moe.use_gated_shared_expert, moe.shared_expert_intermediate_size,
+            moe.decoder_sparse_step, moe.mlp_only_layers) == (True, 96, 2, (2,))
+    assert (moe.mlp_dim_exp_factor, moe.plot_router_logits, moe.budget) == (0.5, True, "total")
     plan = planned(["--arch", "qwen3next", "--decoder_sparse_step", "2", "--mlp_only_layers",
                     "2", "--use_gated_shared_expert"])["plan"]
     assert plan["moe"] and plan["moe_layers"] == [0]  # of 4 layers: 0 and 2 by the step, 2 dense
@@ -70,17 +67,18 @@ def test_the_release_flags_map_to_their_keys_with_the_release_defaults():
 
 def test_llama_ties_its_embeddings_and_has_no_z_loss():
     config, _ = load_config([*BASE, "--arch", "llama"])
-    assert config.model.tie_embeddings and config.model.z_loss == 0.0 and not config.model.moe
+    assert config.model.tie_embeddings and config.model.z_loss == 0.0
+    assert not config.model.moe.enabled
     plan = planned(["--arch", "llama"])
     assert plan["config"]["model"]["tie_embeddings"] and not plan["plan"]["moe"]
 
 
 REFUSED = [
-    (["--moe_num_experts", "4"], "model.moe_num_experts (--moe_num_experts) configures a "
+    (["--moe_num_experts", "4"], "model.moe.num_experts (--moe_num_experts) configures a "
      "mixture of experts; add --moe"),
     (["--use_gated_shared_expert"], "add --moe"),
     (["--moe", "--moe_routing", "expert_choice"], "--moe_routing expert_choice is not built"),
-    (["--moe", "--moe_routing", "tokens"], "model.moe_routing (--moe_routing) 'tokens' is not"),
+    (["--moe", "--moe_routing", "tokens"], "model.moe.routing (--moe_routing) 'tokens' is not"),
     (["--moe", "--moe_num_experts", "4", "--moe_num_shared_experts", "4"],
      "--moe_num_shared_experts 4 leaves no routed expert"),
     (["--moe", "--moe_num_experts", "4", "--moe_num_shared_experts", "1",
@@ -91,7 +89,7 @@ REFUSED = [
     (["--arch", "qwen3next", "--decoder_sparse_step", "0"], "--decoder_sparse_step 0 must be at"),
     (["--arch", "qwen3next", "--mlp_only_layers", "0,4"], "names layer 4, but the model has "
      "layers 0 to 3"),
-    (["--arch", "qwen3next", "--mlp_only_layers", "0,x"], "must be layer indices separated by"),
+    (["--arch", "qwen3next", "--mlp_only_layers", "0,x"], "takes layer indices separated by"),
     (["--arch", "qwen3next", "--mlp_only_layers", "0,2", "--decoder_sparse_step", "2"],
      "leaves no MoE layer"),
     (["--moe", "--decoder_sparse_step", "2"], "applies to --arch qwen3next only"),
@@ -99,8 +97,8 @@ REFUSED = [
      "add --use_gated_shared_expert"),
     (["--arch", "qwen3next", "--use_gated_shared_expert", "--moe_num_shared_experts", "1"],
      "--use_gated_shared_expert replaces the shared experts"),
-    (["--moe", "--moe_budget", "some"], "model.moe_budget (--moe_budget) 'some' is not known"),
-    (["--arch", "llama", "model.z_loss=0.001"], "--arch llama has no z-loss"),
+    (["--moe", "--moe_budget", "some"], "model.moe.budget (--moe_budget) 'some' is not known"),
+    (["--arch", "llama", "model.z_loss=0.001"], "--arch llama fixes model.z_loss at 0.0"),
 ]
 
 
@@ -171,8 +169,8 @@ def test_the_model_built_for_a_run_has_the_configured_experts():
     from danastar.config import make_run_plan
 
     model = model_config(config, make_run_plan(config, 256, 1))
-    assert (model.moe, model.moe_num_experts, model.moe_num_shared_experts,
-            model.moe_num_experts_per_tok) == (True, 4, 1, 3)
+    assert (model.moe.num_experts, model.moe.num_shared_experts,
+            model.moe.num_experts_per_tok) == (4, 1, 3)
 
 
 def test_runs_with_other_experts_get_other_default_directories():

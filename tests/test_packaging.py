@@ -53,6 +53,12 @@ def dist(tmp_path_factory) -> Path:
     return out
 
 
+def package_data_files() -> list[str]:
+    package = Path(danastar.__file__).resolve().parent
+    return [f"danastar/{path.relative_to(package).as_posix()}" for path in package.rglob("*")
+            if path.is_file() and path.suffix not in (".py", ".pyc")]
+
+
 def only(directory: Path, pattern: str) -> Path:
     (found,) = directory.glob(pattern)
     return found
@@ -67,6 +73,8 @@ def test_twine_check_passes_and_metadata_says_torch_alone(dist):
         text = archive.read(f"danastar-{danastar.__version__}.dist-info/METADATA").decode()
         assert any(name.endswith("licenses/LICENSE") for name in archive.namelist())
         assert "danastar/scaling_rules.yaml" in archive.namelist()
+        # every data file of the package (presets, tables, the SLURM job template) ships
+        assert set(package_data_files()) <= set(archive.namelist())
     metadata = email.parser.Parser().parsestr(text)
     unconditional = [r for r in metadata.get_all("Requires-Dist") if "extra ==" not in r]
     assert unconditional == ["torch>=2.9"]

@@ -28,6 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "sweep": ("danastar.commands.sweep", "train every run of a sweep file (grid of configs) here"),
     "generate": ("danastar.commands.generate", "sample text from a trained run's checkpoint"),
+    "export": ("danastar.commands.export", "write a run's model in the Hugging Face format"),
+    "eval": ("danastar.commands.eval", "score a run or an export on lm-eval tasks"),
     "clusters": ("danastar.commands.clusters", "list cluster profiles; --check: their capacity"),
     "results": ("danastar.commands.results", "table of runs: best LR per size, seeds, multipliers"),
     "plot": ("danastar.commands.plot", "figures: scaling, curves, lrlaw, lr-sensitivity, tau"),
@@ -42,7 +44,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 COMMAND_EXTRAS: dict[str, str] = {
     "train": "train", "prepare": "train", "submit": "train", "sweep": "train",
     "generate": "train", "clusters": "train", "results": "analysis", "plot": "plots",
-    "theory": "theory",
+    "theory": "theory", "export": "export", "eval": "eval",
 }
 
 

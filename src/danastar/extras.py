@@ -8,7 +8,6 @@ traceback ending in `No module named 'omegaconf'`.
 
 from __future__ import annotations
 
-import importlib.util
 from itertools import chain
 
 # The import names of each extra's packages (pyproject.toml's [project.optional-dependencies]).
@@ -18,6 +17,9 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "plots": ("numpy", "scipy", "yaml", "matplotlib"),
     "theory": ("numpy", "scipy", "matplotlib"),
     "integrations": ("transformers", "accelerate", "lightning"),
+    "export": ("transformers", "safetensors"),
+    "eval": ("transformers", "safetensors", "lm_eval"),
+    "jax": ("jax", "optax"),
 }
 OPTIONAL_MODULES = frozenset(chain.from_iterable(EXTRA_MODULES.values()))
 
@@ -33,14 +35,6 @@ class MissingExtra(ImportError):
     def __init__(self, what: str, extra: str, module: str):
         super().__init__(needs_extra(what, extra), name=module)
         self.extra = extra
-
-
-def require(what: str, extra: str, modules: tuple[str, ...] | None = None) -> None:
-    """Raise `MissingExtra` unless every module of ``modules`` (default: all of the extra's)
-    can be imported. Looks only (``find_spec``): nothing is imported."""
-    for module in modules if modules is not None else EXTRA_MODULES[extra]:
-        if importlib.util.find_spec(module) is None:
-            raise MissingExtra(what, extra, module)
 
 
 def missing_optional_module(error: BaseException) -> str | None:

@@ -36,17 +36,15 @@ from danastar.models.config import (
     arch_defaults,
     check_arch,
     dimensions,
-    embedding_params,
     moe_layers,
-    non_embedding_params,
     param_counts,
 )
 from danastar.optim import registry
 from danastar.optim.dana_family import DEFAULT_CLIPSNR, DEFAULT_DELTA, DEFAULT_KAPPA
-from danastar.optim.weight_decay import log_time_weight_decay
+from danastar.optim.weight_decay import PAPER_OMEGA, log_time_weight_decay
 
 REFERENCE_BATCH = 32  # the global batch of the main LR table, and the fallback for any other
-DEFAULT_OMEGA = 4.0  # weight-decay strength ω
+DEFAULT_OMEGA = PAPER_OMEGA  # weight-decay strength ω
 
 
 @lru_cache(maxsize=1)
@@ -151,7 +149,8 @@ PLAN_OVERRIDES = ("n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden", "toke
 MOE_BUDGETS = ("active", "total")
 
 
-# The plan's mixture-of-experts settings, reported flat in `Plan.to_dict()` when the model is one.
+# The plan's mixture-of-experts settings, reported flat in `Plan.to_dict()` when the model is one
+# (the router's options, which change no count, are the model's alone).
 MOE_SHAPE = ("moe_num_experts", "moe_num_shared_experts", "moe_num_experts_per_tok",
              "use_gated_shared_expert", "shared_expert_intermediate_size", "decoder_sparse_step",
              "mlp_only_layers")
@@ -221,10 +220,10 @@ class Plan:
         """JSON-ready dictionary (tuples become lists), with the model's shape flat in it."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         del fields["model"]
-        shape = {name: getattr(self.model, name) for name in MODEL_SHAPE}
-        shape["moe"] = self.model.moe
+        flat = self.model.to_dict()
+        shape = {name: flat[name] for name in (*MODEL_SHAPE, "moe")}
         if self.model.moe:
-            shape.update({name: getattr(self.model, name) for name in MOE_SHAPE})
+            shape.update({name: flat[name] for name in MOE_SHAPE})
             shape["moe_layers"] = list(moe_layers(self.model))
         opt, heads = fields.pop("opt"), fields.pop("heads")
         return json_ready({"arch": shape.pop("arch"), "opt": opt, "heads": heads, **shape,
@@ -253,54 +252,25 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
     """The run plan for ``heads`` heads; ``batch_size · acc_steps`` is the global batch.
 
     ``model_options`` are further :class:`ModelConfig` fields that change the parameter counts
-    (the mixture-of-experts settings); the architecture's own defaults (``arch_defaults``) apply
-    under them. ``moe_budget`` says which count of a MoE the token budget is 20 times.
+    (the mixture of experts, flat or nested as ``ModelConfig.from_dict`` reads them); the
+    architecture's own defaults (``arch_defaults``) apply under them. ``moe_budget`` says which
+    count of a MoE the token budget is 20 times.
 
     ``overrides`` (any of ``PLAN_OVERRIDES``) replace a derived value, and everything derived
     from it follows: e.g. ``iterations`` sets warm-up, ``wd_ts`` and the weight decay.
     ``kappa``, ``delta`` and ``clipsnr`` left None take the optimizer's defaults; given to an
     optimizer that does not use them, they are refused (ValueError) rather than ignored.
     """
-    _check_opt(opt)
-    unknown = sorted(set(overrides) - set(PLAN_OVERRIDES))
-    if unknown:
-        raise ValueError(f"unknown plan overrides {unknown}; valid: {', '.join(PLAN_OVERRIDES)}")
-    for name, value in dict(batch_size=batch_size, acc_steps=acc_steps, seq_len=seq_len,
-                            vocab_size=vocab_size, world_size=world_size).items():
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if batch_size % world_size:
-        raise ValueError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
-    snr_clipped = registry.snr_clipped(opt)
-    if clipsnr is not None and not snr_clipped:
-        clipped = [name for name in registry.OPTIMIZERS if registry.snr_clipped(name)]
-        raise ValueError(f"clipsnr applies only to {', '.join(clipped)}, not {opt}; drop it or "
-                         "choose one of those optimizers")
-    if snr_clipped and clipsnr is None:
-        clipsnr = DEFAULT_CLIPSNR
-    for name, value in (("kappa", kappa), ("delta", delta)):
-        if value is not None and not takes_run_setting(opt, name):
-            users = [other for other in registry.OPTIMIZERS if takes_run_setting(other, name)]
-            raise ValueError(f"{name} applies only to {', '.join(users)}, not {opt}; drop it or "
-                             "choose one of those optimizers")
-    kappa = DEFAULT_KAPPA if kappa is None else kappa
-    delta = DEFAULT_DELTA if delta is None else delta
-
-    shape = {**dimensions(arch, heads),
-             **{k: overrides[k] for k in ("n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden")
-                if k in overrides}}
-    check_arch(arch)
-    if moe_budget not in MOE_BUDGETS:
-        raise ValueError(f"unknown moe_budget {moe_budget!r}; valid: {', '.join(MOE_BUDGETS)}")
-    model = ModelConfig(arch=arch, **shape, vocab_size=vocab_size, max_seq_len=seq_len,
-                        **{**arch_defaults(arch), **(model_options or {})})
+    check_plan_inputs(opt, overrides, moe_budget, batch_size=batch_size, acc_steps=acc_steps,
+                      seq_len=seq_len, vocab_size=vocab_size, world_size=world_size)
+    kappa, delta, clipsnr = optimizer_settings(opt, kappa, delta, clipsnr)
+    model = planned_model(arch, heads, vocab_size, seq_len, model_options, overrides)
     counts = param_counts(model)
-    non_embedding = non_embedding_params(shape["n_embd"], shape["n_layer"])
     exact_non_embedding = counted_non_embedding_params(model)
-    embedding = embedding_params(shape["n_embd"], model.padded_vocab_size, model.tie_embeddings)
-    total = counts["lr_law_params_total"] + embedding
-    active = counts["lr_law_params_active"] + embedding
-    exact_active = counts["active_non_embedding"] + exact_non_embedding - counts["non_embedding"]
+    embedding = counts.embedding
+    total = counts.lr_law_params_total + embedding
+    active = counts.lr_law_params_active + embedding
+    exact_active = counts.active_non_embedding + exact_non_embedding - counts.non_embedding
 
     budget = rules()["budget"]
     global_batch = batch_size * acc_steps
@@ -311,36 +281,17 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
     if iterations < 1:
         raise ValueError(f"the token budget gives {iterations} iterations; pass iterations >= 1")
     warmup_steps = overrides.get("warmup_steps", iterations // budget["warmup_divisor"])
-
-    if "lr" in overrides:
-        lr, lr_rule = float(overrides["lr"]), "override"
-    else:
-        law = lr_law(arch, opt, counts["lr_law_params_active"], global_batch=global_batch,
-                     kappa=kappa)
-        if law is None:
-            raise ValueError(f"optimizer {opt!r} has no learning-rate law; pass lr explicitly "
-                             "(--lr on the command line)")
-        lr, lr_rule = law
-
-    style = registry.weight_decay_style(opt)
-    wd_ts = None
-    weight_decay = 0.0
-    if style == "independent":
-        # the optimizers' own paper form: wd_ts = ⌊T/10⌋ (at least 1), λ = ω/wd_ts
-        weight_decay, wd_ts = log_time_weight_decay(omega, iterations, overrides.get("wd_ts"))
-    elif style == "coupled":
-        weight_decay = omega / (lr * iterations)
-    weight_decay = float(overrides.get("weight_decay", weight_decay))
-
+    lr, lr_rule = peak_lr(arch, opt, counts.lr_law_params_active, global_batch, kappa, overrides)
+    weight_decay, wd_ts = planned_weight_decay(opt, omega, lr, iterations, overrides)
     hparams = registry.run_hparams(opt, registry.RunSettings(
         iterations=iterations, kappa=kappa, delta=delta, clipsnr=clipsnr,
         weight_decay=weight_decay, wd_ts=wd_ts, weight_decay_given="weight_decay" in overrides))
     return Plan(
-        model=model, opt=opt, heads=heads, non_embedding_params=non_embedding,
+        model=model, opt=opt, heads=heads, non_embedding_params=counts.lr_law_params,
         exact_non_embedding_params=exact_non_embedding, total_params=total,
         exact_total_params=exact_non_embedding + embedding,
-        total_non_embedding_params=counts["lr_law_params_total"],
-        active_non_embedding_params=counts["lr_law_params_active"], active_params=active,
+        total_non_embedding_params=counts.lr_law_params_total,
+        active_non_embedding_params=counts.lr_law_params_active, active_params=active,
         exact_active_non_embedding_params=exact_active,
         exact_active_params=exact_active + embedding, moe_budget=moe_budget,
         batch_size=batch_size,
@@ -351,6 +302,81 @@ def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_step
         weight_decay=weight_decay, wd_ts=wd_ts, kappa=kappa, delta=delta, omega=omega,
         clipsnr=clipsnr, optimizer_hparams=hparams,
     )
+
+
+def check_plan_inputs(opt: str, overrides: dict[str, Any], moe_budget: str,
+                      **sizes: int) -> None:
+    """The optimizer, the override names, the budget and the batch sizes a plan can take."""
+    _check_opt(opt)
+    unknown = sorted(set(overrides) - set(PLAN_OVERRIDES))
+    if unknown:
+        raise ValueError(f"unknown plan overrides {unknown}; valid: {', '.join(PLAN_OVERRIDES)}")
+    if moe_budget not in MOE_BUDGETS:
+        raise ValueError(f"unknown moe_budget {moe_budget!r}; valid: {', '.join(MOE_BUDGETS)}")
+    for name, value in sizes.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if sizes["batch_size"] % sizes["world_size"]:
+        raise ValueError(f"batch_size {sizes['batch_size']} must be divisible by world_size "
+                         f"{sizes['world_size']}")
+
+
+def optimizer_settings(opt: str, kappa: float | None, delta: float | None,
+                       clipsnr: float | None) -> tuple[float, float, float | None]:
+    """κ, δ and the SNR clip ``opt`` runs with: the optimizer's defaults where not given, and a
+    ValueError for one given to an optimizer that does not take it."""
+    snr_clipped = registry.snr_clipped(opt)
+    if clipsnr is not None and not snr_clipped:
+        clipped = [name for name in registry.OPTIMIZERS if registry.snr_clipped(name)]
+        raise ValueError(f"clipsnr applies only to {', '.join(clipped)}, not {opt}; drop it or "
+                         "choose one of those optimizers")
+    for name, value in (("kappa", kappa), ("delta", delta)):
+        if value is not None and not takes_run_setting(opt, name):
+            users = [other for other in registry.OPTIMIZERS if takes_run_setting(other, name)]
+            raise ValueError(f"{name} applies only to {', '.join(users)}, not {opt}; drop it or "
+                             "choose one of those optimizers")
+    return (DEFAULT_KAPPA if kappa is None else kappa, DEFAULT_DELTA if delta is None else delta,
+            DEFAULT_CLIPSNR if snr_clipped and clipsnr is None else clipsnr)
+
+
+def planned_model(arch: str, heads: int, vocab_size: int, seq_len: int,
+                  model_options: dict[str, Any] | None, overrides: dict[str, Any]) -> ModelConfig:
+    """The ladder model of ``heads`` heads, explicit dimensions in ``overrides`` taking
+    precedence, with the architecture's defaults and then ``model_options``."""
+    shape = {**dimensions(arch, heads),
+             **{k: overrides[k] for k in ("n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden")
+                if k in overrides}}
+    return ModelConfig.from_dict({"arch": arch, **shape, "vocab_size": vocab_size,
+                                  "max_seq_len": seq_len, **arch_defaults(arch),
+                                  **(model_options or {})})
+
+
+def peak_lr(arch: str, opt: str, lr_law_params: int, global_batch: int, kappa: float,
+            overrides: dict[str, Any]) -> tuple[float, str]:
+    """The peak LR and the rule that gave it: ``overrides["lr"]`` or the fitted law at the LR
+    laws' (active) parameter count."""
+    if "lr" in overrides:
+        return float(overrides["lr"]), "override"
+    law = lr_law(arch, opt, lr_law_params, global_batch=global_batch, kappa=kappa)
+    if law is None:
+        raise ValueError(f"optimizer {opt!r} has no learning-rate law; pass lr explicitly "
+                         "(--lr on the command line)")
+    return law
+
+
+def planned_weight_decay(opt: str, omega: float, lr: float, iterations: int,
+                         overrides: dict[str, Any]) -> tuple[float, int | None]:
+    """λ and wd_ts from ω by the optimizer's weight-decay style (``weight_decay`` in
+    ``overrides`` replaces λ): independent, the optimizers' own paper form wd_ts = ⌊T/10⌋ (at
+    least 1), λ = ω/wd_ts; coupled, λ = ω/(γ*·T); none, 0."""
+    style = registry.weight_decay_style(opt)
+    wd_ts = None
+    weight_decay = 0.0
+    if style == "independent":
+        weight_decay, wd_ts = log_time_weight_decay(omega, iterations, overrides.get("wd_ts"))
+    elif style == "coupled":
+        weight_decay = omega / (lr * iterations)
+    return float(overrides.get("weight_decay", weight_decay)), wd_ts
 
 
 def takes_run_setting(opt: str, name: str) -> bool:

@@ -25,19 +25,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+import common  # noqa: E402  (studies/common.py)
+
 SWEEPS = HERE / "sweeps"
 GENERATED = SWEEPS / "generated"
 RECORDS = HERE / "records"
-RECORD_FILES = ("plan.json", "config.yaml", "metrics.jsonl", "run.json", "status.json",
-                "sweep_point.json")
 SIZES = (2, 3, 4)
 OPTIMIZERS = ("adamw", "adamw-decaying-wd", "adana", "dana-mk4", "dana-star-mk4")
 BASELINE = "adamw"
@@ -56,26 +55,7 @@ def base_of(heads: int) -> dict:
 
 
 def run_sweep(path: Path, runs: Path, parallel: int) -> None:
-    """`danastar sweep` one file (it skips what is complete), then copy its records."""
-    command = [sys.executable, "-m", "danastar", "sweep", str(path), "--runs_root", str(runs),
-               "--parallel", str(parallel)]
-    print("$", " ".join(command[1:]), flush=True)
-    code = subprocess.call(command)
-    name = yaml.safe_load(path.read_text())["name"]
-    copy_records(runs / name)
-    if code != 0:
-        sys.exit(f"study: the sweep {path.name} did not complete (exit {code}); run the study "
-                 "again to resume it.")
-
-
-def copy_records(sweep_dir: Path) -> None:
-    """The per-run files analysis needs, mirrored under records/<sweep>/<run>/."""
-    for plan in sorted(sweep_dir.glob("*/plan.json")):
-        target = RECORDS / sweep_dir.name / plan.parent.name
-        target.mkdir(parents=True, exist_ok=True)
-        for name in RECORD_FILES:
-            if (plan.parent / name).is_file():
-                shutil.copy2(plan.parent / name, target / name)
+    common.run_sweep(path, yaml.safe_load(path.read_text())["name"], runs, parallel, RECORDS)
 
 
 def final_losses(heads: int, optimizer: str, seed: int = 0) -> dict[float, float]:
@@ -106,10 +86,7 @@ def best_multiplier(heads: int, optimizer: str) -> float:
 
 
 def write_sweep(path: Path, name: str, heads: int, grid: dict, comment: str) -> Path:
-    GENERATED.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump({"name": name, "base": base_of(heads), "grid": grid}, sort_keys=False)
-    path.write_text(f"# {comment}\n# Written by study.py from the records; do not edit.\n{text}")
-    return path
+    return common.write_sweep(path, name, base_of(heads), grid, comment)
 
 
 def widen(heads: int, optimizer: str, runs: Path, parallel: int) -> None:
@@ -117,11 +94,10 @@ def widen(heads: int, optimizer: str, runs: Path, parallel: int) -> None:
     at a time (x2 and x4 past the edge), so that two runs can train side by side."""
     for _ in range(MAX_WIDENINGS):
         losses = final_losses(heads, optimizer)
-        best = min(losses, key=losses.get)
-        if min(losses) < best < max(losses):
+        beyond = common.beyond_edge(losses)
+        if beyond is None:
             return
-        step = 0.5 if best == min(losses) else 2.0
-        swept = sorted(set(losses) | {best * step, best * step * step})
+        swept = sorted(set(losses) | set(beyond))
         path = write_sweep(GENERATED / f"widen-h{heads}-{optimizer}.yaml",
                            f"study-widen-h{heads}-{optimizer}", heads,
                            {"optim.name": [optimizer],
@@ -186,12 +162,8 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", nargs="?", choices=("all", "run", "report"), default="all")
-    parser.add_argument("--runs", type=Path, default=Path("runs"),
-                        help="where the run directories (with checkpoints) go")
-    parser.add_argument("--parallel", type=int, default=2,
-                        help="runs at a time (default 2, one thread each)")
+    parser = common.driver_parser(__doc__.split("\n\n")[0], ("all", "run", "report"),
+                                  "runs at a time (default 2, one thread each)")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     args = parser.parse_args()
     # Two one-thread runs side by side train about 15% more tokens per second on two cores than

@@ -36,7 +36,6 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -45,12 +44,13 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE.parent))
+import common  # noqa: E402  (studies/common.py)
+
+ROOT = common.ROOT
 SWEEPS = HERE / "sweeps" / "generated"
 RECORDS = HERE / "records"
 FIRST_STUDY = ROOT / "studies" / "cpu-shakespeare"
-RECORD_FILES = ("plan.json", "config.yaml", "metrics.jsonl", "run.json", "status.json",
-                "sweep_point.json")
 
 HEADS = 2
 HORIZONS = {1: 128, 4: 512, 16: 2048}  # x the first study's budget at 2 heads -> steps
@@ -94,12 +94,7 @@ class Task:
                                              "grid": self.grid}).points()]
 
     def write(self) -> Path:
-        SWEEPS.mkdir(parents=True, exist_ok=True)
-        text = yaml.safe_dump({"name": self.name, "base": self.base, "grid": self.grid},
-                              sort_keys=False)
-        self.path.write_text(f"# {self.comment}\n# Written by study.py from the records; do not "
-                             f"edit.\n{text}")
-        return self.path
+        return common.write_sweep(self.path, self.name, self.base, self.grid, self.comment)
 
 
 # ---- what the records say ---------------------------------------------------------------------
@@ -232,13 +227,12 @@ def settle(horizon: int, optimizer: str, lr_task: Task, tasks: list[Task], rank:
         return Best(None, False)
     for widening in range(1, MAX_WIDENINGS + 1):
         losses = sweep_losses(horizon, optimizer)
-        best = min(losses, key=losses.get)
-        if min(losses) < best < max(losses):
-            return Best(best, True)
-        step = 0.5 if best == min(losses) else 2.0
+        beyond = common.beyond_edge(losses)
+        if beyond is None:
+            return Best(min(losses, key=losses.get), True)
         task = Task(f"x{horizon}-{optimizer}-widen{widening}", lr_task.base,
                     {"optim.name": [optimizer],
-                     "lr_multiplier": [rounded(best * step), rounded(best * step * step)],
+                     "lr_multiplier": [rounded(m) for m in beyond],
                      "train.seed": [0]},
                     (0, -horizon, rank, widening),
                     f"{optimizer} at {horizon}x: LRs beyond the edge of its sweep.")
@@ -341,30 +335,17 @@ def restore(runs: Path) -> None:
             target = runs / sweep.name / point
             if target.is_dir() and complete(target):
                 continue
-            target.mkdir(parents=True, exist_ok=True)
-            for name in RECORD_FILES:
-                if (record / name).is_file():
-                    shutil.copy2(record / name, target / name)
+            common.copy_run_files(record, target)
 
 
 def copy_records(sweep_dir: Path) -> None:
-    """The complete runs' small files, mirrored under records/<sweep>/<point>/."""
-    for plan_file in sorted(sweep_dir.glob("*/plan.json")):
-        run = plan_file.parent
-        if not complete(run):
-            continue
-        target = RECORDS / sweep_dir.name / run.name
-        if target.is_dir() and complete(target):
-            continue
-        target.mkdir(parents=True, exist_ok=True)
-        for name in RECORD_FILES:
-            if (run / name).is_file():
-                shutil.copy2(run / name, target / name)
+    """The complete runs' small files, mirrored under records/<sweep>/<point>/ (once)."""
+    common.copy_records(sweep_dir, RECORDS, keep=lambda run, target: complete(run) and not (
+        target.is_dir() and complete(target)))
 
 
 def start(task: Task, runs: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "danastar", "sweep", str(task.write()), "--runs_root",
-               str(runs), "--parallel", "1"]
+    command = common.sweep_command(task.write(), runs, 1)
     log = runs / "study-logs" / f"{task.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"{time.strftime('%H:%M:%S')} start  {task.name} ({len(task.points())} runs)",
@@ -416,13 +397,8 @@ def status() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", nargs="?", choices=("all", "run", "report", "status"),
-                        default="all")
-    parser.add_argument("--runs", type=Path, default=Path("runs"),
-                        help="where the run directories (with checkpoints) go")
-    parser.add_argument("--parallel", type=int, default=2,
-                        help="sweeps at a time (default 2, one thread each)")
+    parser = common.driver_parser(__doc__.split("\n\n")[0], ("all", "run", "report", "status"),
+                                  "sweeps at a time (default 2, one thread each)")
     args = parser.parse_args()
     # Two one-thread runs side by side train about 15% more tokens per second on two cores than
     # one two-thread run; set OMP_NUM_THREADS yourself to override.

@@ -27,19 +27,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+import common  # noqa: E402  (studies/common.py)
+
 SWEEPS = HERE / "sweeps"
 GENERATED = SWEEPS / "generated"
 RECORDS = HERE / "records"
-RECORD_FILES = ("plan.json", "config.yaml", "metrics.jsonl", "run.json", "status.json",
-                "sweep_point.json")
 OPTIMIZERS = ("adamw", "dana-mk4", "dana-star-mk4")
 MODELS = {"moe": SWEEPS / "lr.yaml", "dense": SWEEPS / "lr-dense.yaml"}
 SEEDS = (0, 1, 2)
@@ -51,27 +50,9 @@ def spec(model: str) -> dict:
 
 
 def run_sweep(path: Path, runs: Path, parallel: int) -> None:
-    """`danastar sweep` one file (it skips what is complete), then copy its records."""
-    command = [sys.executable, "-m", "danastar", "sweep", str(path), "--runs_root", str(runs),
-               "--parallel", str(parallel)]
-    print("$", " ".join(command[1:]), flush=True)
-    code = subprocess.call(command)
-    copy_records(runs / yaml.safe_load(path.read_text())["name"])
-    if code != 0:
-        sys.exit(f"study: the sweep {path.name} did not complete (exit {code}); run the study "
-                 "again to resume it.")
-
-
-def copy_records(sweep_dir: Path) -> None:
-    """The per-run files the report reads, mirrored under records/<sweep>/<run>/."""
-    for plan in sorted(sweep_dir.glob("*/plan.json")):
-        target = RECORDS / sweep_dir.name / plan.parent.name
-        target.mkdir(parents=True, exist_ok=True)
-        for name in RECORD_FILES:
-            if (plan.parent / name).is_file():
-                shutil.copy2(plan.parent / name, target / name)
-        if (plan.parent / "tau_stats").is_dir():
-            shutil.copytree(plan.parent / "tau_stats", target / "tau_stats", dirs_exist_ok=True)
+    """`danastar sweep` one file, then copy its records (with the τ statistics)."""
+    common.run_sweep(path, yaml.safe_load(path.read_text())["name"], runs, parallel, RECORDS,
+                     folders=("tau_stats",))
 
 
 def sweep_losses(model: str, optimizer: str) -> dict[float, float]:
@@ -97,12 +78,8 @@ def best_multiplier(model: str, optimizer: str) -> float:
 
 
 def write_sweep(model: str, name: str, grid: dict, comment: str) -> Path:
-    GENERATED.mkdir(parents=True, exist_ok=True)
     path = GENERATED / f"{name.removeprefix('tau-')}.yaml"
-    text = yaml.safe_dump({"name": name, "base": spec(model)["base"], "grid": grid},
-                          sort_keys=False)
-    path.write_text(f"# {comment}\n# Written by study.py from the records; do not edit.\n{text}")
-    return path
+    return common.write_sweep(path, name, spec(model)["base"], grid, comment)
 
 
 def widen(model: str, optimizer: str, runs: Path, parallel: int) -> None:
@@ -110,11 +87,10 @@ def widen(model: str, optimizer: str, runs: Path, parallel: int) -> None:
     swept_grid = spec(model)["grid"]["lr_multiplier"]
     for _ in range(MAX_WIDENINGS):
         losses = sweep_losses(model, optimizer)
-        best = min(losses, key=losses.get)
-        if min(losses) < best < max(losses):
+        beyond = common.beyond_edge(losses)
+        if beyond is None:
             return
-        step = 0.5 if best == min(losses) else 2.0
-        extra = sorted(set(losses) | {best * step, best * step * step})
+        extra = sorted(set(losses) | set(beyond))
         path = write_sweep(model, f"tau-widen-{model}-{optimizer}",
                            {"optim.name": [optimizer],
                             "lr_multiplier": [m for m in extra if m not in swept_grid],
@@ -153,13 +129,8 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", nargs="?", choices=("all", "run", "sweeps", "report"),
-                        default="all")
-    parser.add_argument("--runs", type=Path, default=Path("runs"),
-                        help="where the run directories (with checkpoints) go")
-    parser.add_argument("--parallel", type=int, default=2,
-                        help="runs at a time (default 2, one thread each)")
+    parser = common.driver_parser(__doc__.split("\n\n")[0], ("all", "run", "sweeps", "report"),
+                                  "runs at a time (default 2, one thread each)")
     parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=list(MODELS))
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.parallel)))

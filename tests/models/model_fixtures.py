@@ -11,7 +11,7 @@ def tiny_config(arch: str, **overrides) -> ModelConfig:
     """A two-layer model small enough for fast CPU tests (head_dim 16, not the ladder's)."""
     fields = dict(arch=arch, n_layer=2, n_head=2, n_embd=32, head_dim=16, mlp_hidden=64,
                   vocab_size=VOCAB, max_seq_len=64, loss_chunk=8)
-    return ModelConfig(**{**fields, **overrides})
+    return ModelConfig.from_dict({**fields, **overrides})
 
 
 def tiny_model(arch: str, seed: int = 0, **overrides):

@@ -75,12 +75,13 @@ def test_qwen3next_layer_rule():
     assert not moe_layers(dense)
     with pytest.raises(ValueError, match="no MoE layer"):
         tiny_config("qwen3next", moe=True, mlp_only_layers=(0, 1))
-    with pytest.raises(ValueError, match="not layers"):
+    with pytest.raises(ValueError, match="names layer 5, but the model has layers 0 to 1"):
         tiny_config("qwen3next", moe=True, mlp_only_layers=(5,))
     with pytest.raises(ValueError, match="moe_num_shared_experts to 0"):
         tiny_config("qwen3next", moe=True, use_gated_shared_expert=True,
                     moe_num_shared_experts=1)
-    with pytest.raises(ValueError, match="turn on use_gated_shared_expert"):
+    with pytest.raises(ValueError, match="sizes the gated shared expert; add "
+                       "use_gated_shared_expert"):
         tiny_config("qwen3next", moe=True, shared_expert_intermediate_size=16)
 
 
@@ -99,9 +100,9 @@ def test_parameter_counts_equal_the_modules(arch, overrides):
     with torch.device("meta"):
         model = build_model(config)
     counts = param_counts(config)
-    assert model.num_params(non_embedding=True) == counts["non_embedding"]
-    assert model.num_params(non_embedding=True, active=True) == counts["active_non_embedding"]
-    assert model.num_params() - model.num_params(non_embedding=True) == counts["embedding"]
+    assert model.num_params(non_embedding=True) == counts.non_embedding
+    assert model.num_params(non_embedding=True, active=True) == counts.active_non_embedding
+    assert model.num_params() - model.num_params(non_embedding=True) == counts.embedding
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3next"])

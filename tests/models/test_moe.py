@@ -238,9 +238,9 @@ def test_param_groups_init_counts_and_flops():
     assert experts.up_proj[3].std().item() == pytest.approx(64**-0.5, rel=0.05)
     assert experts.down_proj[3].std().item() == pytest.approx((2 * 256 * 4) ** -0.5, rel=0.05)
     counts = param_counts(model.config)
-    assert model.num_params(non_embedding=True) == counts["non_embedding"]
+    assert model.num_params(non_embedding=True) == counts.non_embedding
     active = model.num_params(non_embedding=True, active=True)
-    assert active == counts["active_non_embedding"]
+    assert active == counts.active_non_embedding
     # per MoE layer, 5 routed experts of which 2 are active: 3 inactive GELU experts of 2dh
     assert model.num_params() - model.num_params(active=True) == 4 * 3 * 2 * 64 * 256
     config = model.config
@@ -248,22 +248,22 @@ def test_param_groups_init_counts_and_flops():
                                              - model.embed.weight.numel()) + 12 * 4 * 4 * 16 * 64
     assert model.num_params(exact=False, non_embedding=True, active=True) == (
         12 * 64**2 * 4 + 4 * 2 * 2 * 64 * 256)
-    assert counts["lr_law_params"] == 12 * config.n_embd**2 * config.n_layer
+    assert counts.lr_law_params == 12 * config.n_embd**2 * config.n_layer
 
 
 def test_ladder_counts_of_the_spec():
     config = ModelConfig.from_heads("enoki", 12, 50257, 2048, moe=True)
     counts = param_counts(config)
-    assert round(counts["lr_law_params"] / 1e6, 1) == 63.7
-    assert round(counts["lr_law_params_total"] / 1e6, 1) == 361.0
-    assert round(counts["lr_law_params_active"] / 1e6, 1) == 106.2
-    assert round(counts["active_non_embedding"] / 1e6, 1) == 106.2
+    assert round(counts.lr_law_params / 1e6, 1) == 63.7
+    assert round(counts.lr_law_params_total / 1e6, 1) == 361.0
+    assert round(counts.lr_law_params_active / 1e6, 1) == 106.2
+    assert round(counts.active_non_embedding / 1e6, 1) == 106.2
 
 
 @pytest.mark.parametrize("overrides, message", [
     (dict(moe_num_shared_experts=8), "below moe_num_experts"),
     (dict(moe_num_experts_per_tok=8, moe_num_shared_experts=1), "route fewer experts"),
-    (dict(moe_num_experts_per_tok=0), "integer >= 1"),
+    (dict(moe_num_experts_per_tok=0), "must be between 1 and the 8 routed experts"),
     (dict(moe_softmax_order="sparsemax"), "topk_softmax, softmax_topk"),
     (dict(moe_router_loss="none"), "load_balancing_z_loss"),
     (dict(moe_aux_loss_factor=-1.0), ">= 0"),

@@ -27,7 +27,7 @@ def tiny_moe(arch: str, **overrides) -> ModelConfig:
     fields = dict(arch=arch, n_layer=2, n_head=2, n_embd=16, head_dim=8, mlp_hidden=24,
                   vocab_size=VOCAB, max_seq_len=16, loss_chunk=8, moe=True, moe_num_experts=5,
                   moe_num_shared_experts=1, moe_num_experts_per_tok=2)
-    return ModelConfig(**{**fields, **overrides})
+    return ModelConfig.from_dict({**fields, **overrides})
 
 
 def free_port() -> int:

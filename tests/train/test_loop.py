@@ -12,6 +12,8 @@ from danastar.cli import main as danastar_main
 from danastar.config import load_config
 from danastar.errors import UserError
 from danastar.train import loop
+from danastar.train import optimizer as optimizer_module
+from danastar.train import step as step_module
 
 from train_helpers import TINY, assert_ok, metrics, run_train
 
@@ -92,16 +94,17 @@ def test_a_finished_run_is_not_trained_again(tmp_path, reference_runs):
 
 
 def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "clip_grad_norm", lambda model, max_norm: torch.tensor(float("nan")))
+    monkeypatch.setattr(step_module, "clip_grad_norm",
+                        lambda model, max_norm: torch.tensor(float("nan")))
     updates = []
-    real_build = loop.build_optimizer
+    real_build = optimizer_module.build_optimizer
 
     def counting_build(*args, **kwargs):
         optimizer = real_build(*args, **kwargs)
         optimizer.step = lambda *a, **k: updates.append(1)
         return optimizer
 
-    monkeypatch.setattr(loop, "build_optimizer", counting_build)
+    monkeypatch.setattr(optimizer_module, "build_optimizer", counting_build)
     config, _ = load_config(
         [*TINY, "--iterations", "20", "train.max_nonfinite_steps=3", "--run_dir", str(tmp_path)]
     )

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from danastar.analysis.sweeps import merge_close_lrs
+from danastar.scaling import DEFAULT_OMEGA
 
 START = (10.0, 3e4, -0.5)
 
@@ -30,7 +31,7 @@ class SweepPoint:
     params: float  # P, non-embedding parameters (12·d²·L)
     lr: float
     loss: float  # final validation loss
-    omega: float = 4.0
+    omega: float = DEFAULT_OMEGA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +43,7 @@ class WeightedPoint:
 
 
 def top_k(points: Sequence[SweepPoint], *, k: int = 5,
-          omega: float = 4.0) -> dict[float, list[WeightedPoint]]:
+          omega: float = DEFAULT_OMEGA) -> dict[float, list[WeightedPoint]]:
     """Per size, the top-K points with their rank weights (see the module docstring)."""
     by_size: dict[float, list[SweepPoint]] = {}
     for p in points:
@@ -130,7 +131,7 @@ class LRLawFit:
         return f"{optimizer}: [{{{', '.join(fields)}}}]"
 
 
-def fit_lr_law(points: Sequence[SweepPoint], *, k: int = 5, omega: float = 4.0,
+def fit_lr_law(points: Sequence[SweepPoint], *, k: int = 5, omega: float = DEFAULT_OMEGA,
                bootstrap: int = 1000, seed: int = 0, predict_at: Sequence[float] = (),
                b: float | None = None) -> LRLawFit:
     """Fit the LR law with bootstrap intervals (see the module docstring); b held at the given
@@ -161,9 +162,3 @@ def fit_lr_law(points: Sequence[SweepPoint], *, k: int = 5, omega: float = 4.0,
                                     float(np.percentile(spread, 97.5)))
     return LRLawFit(a, b_fit, d, interval, predictions, chosen, np.array(samples).reshape(-1, 3),
                     fixed_b=b is not None)
-
-
-def sweep_points(rows: Sequence[Mapping[str, float]]) -> list[SweepPoint]:
-    """SweepPoints from mappings with params, lr, loss and optionally omega."""
-    return [SweepPoint(float(r["params"]), float(r["lr"]), float(r["loss"]),
-                       float(r.get("omega", 4.0))) for r in rows]

@@ -19,11 +19,11 @@ import yaml
 
 from danastar.analysis import compute
 from danastar.errors import UserError
+from danastar.rundir import metrics as metrics_file
+from danastar.rundir.files import CONFIG_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE, STATUS_FILE
 
 COMPLETE = "complete"
 PARTIAL = "partial"
-# metrics.jsonl fields read as numbers: a record holding anything else there is unreadable
-NUMBER_FIELDS = ("step", "tokens", "val_loss", "train_loss", "tokens_per_s")
 
 
 class UnreadableRun(UserError):
@@ -49,44 +49,15 @@ def _read_json(path: Path) -> dict[str, Any]:
     return found
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int], int, bool]:
-    """The readable records of metrics.jsonl, the numbers of the lines that are not (not JSON,
-    not an object, or a field of NUMBER_FIELDS that is not a number), the count of lines, and
-    whether the last line is cut short (no newline after it)."""
-    if not path.exists():
-        return [], [], 0, False
+def _read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+    """The readable records of metrics.jsonl; a line in ``notes`` names the lines left out."""
     try:
-        text = path.read_text(errors="replace")
+        found = metrics_file.read(path)
     except OSError as error:
         raise UnreadableRun(f"{path} cannot be read ({error.strerror or error})") from None
-    lines = text.splitlines()
-    records, bad = [], []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a killed run, or garbled
-            record = None
-        if isinstance(record, dict) and all(_is_number(record[key]) for key in NUMBER_FIELDS
-                                            if key in record):
-            records.append(record)
-        else:
-            bad.append(number)
-    return records, bad, len(lines), bool(text) and not text.endswith("\n")
-
-
-def _lines_note(path: Path, bad: list[int], total: int, cut: bool) -> str:
-    shown = ", ".join(str(n) for n in bad[:5]) + (", ..." if len(bad) > 5 else "")
-    note = (f"{len(bad)} of the {total} lines of {path} could not be read and were left out "
-            f"(line{'s' if len(bad) > 1 else ''} {shown})")
-    if cut and bad == [total]:
-        note += "; the last line was cut short, as a killed run leaves it"
-    return note
+    if problem := found.problem():
+        notes.append(problem)
+    return found.records
 
 
 @dataclasses.dataclass
@@ -219,7 +190,7 @@ class Run:
         from datetime import datetime
 
         try:
-            starts = json.loads((self.path / "run.json").read_text())["starts"]
+            starts = json.loads((self.path / RUN_FILE).read_text())["starts"]
             first, last = starts[0]["at"], self.status["updated"]
         except (OSError, KeyError, IndexError, TypeError, ValueError):
             return None
@@ -299,17 +270,17 @@ def optimizer_label(optimizer: str, kappa: float | None = None,
 def read_run(path: Path) -> Run:
     """The run in ``path``; UnreadableRun (a UserError) when one of its files exists but cannot
     be read or parsed, or its plan lacks what the tables need."""
-    plan_file = _read_json(path / "plan.json")
-    run_file = _read_json(path / "run.json")
-    for name, part in (("plan.json", plan_file.get("plan", plan_file)),
-                       ("run.json", run_file.get("plan", {}))):
+    plan_file = _read_json(path / PLAN_FILE)
+    run_file = _read_json(path / RUN_FILE)
+    for name, part in ((PLAN_FILE, plan_file.get("plan", plan_file)),
+                       (RUN_FILE, run_file.get("plan", {}))):
         if not isinstance(part, dict):
             raise UnreadableRun(f"{path / name} holds a plan that is not a JSON object")
     plan = dict(plan_file.get("plan", plan_file))
     if "batch_layout" in plan_file:
         plan["batch_layout"] = plan_file["batch_layout"]
     plan.update(run_file.get("plan", {}))
-    config_path = path / "config.yaml"
+    config_path = path / CONFIG_FILE
     config: Any = {}
     if config_path.exists():
         try:
@@ -321,13 +292,11 @@ def read_run(path: Path) -> Run:
             raise UnreadableRun(f"{config_path} is not valid YAML") from None
     notes = []
     try:
-        status = _read_json(path / "status.json")
+        status = _read_json(path / STATUS_FILE)
     except UnreadableRun as error:  # only the "failed" state comes from it
         status = {}
         notes.append(f"{error}; its state is read from metrics.jsonl alone")
-    metrics, bad, total, cut = _read_metrics(path / "metrics.jsonl")
-    if bad:
-        notes.append(_lines_note(path / "metrics.jsonl", bad, total, cut))
+    metrics = _read_metrics(path / METRICS_FILE, notes)
     identity = run_file.get("identity")
     run = Run(path=path, plan=plan, config=config if isinstance(config, dict) else {},
               metrics=metrics, status=status,
@@ -345,7 +314,7 @@ def read_run(path: Path) -> Run:
 
 
 def _is_run_dir(path: Path) -> bool:
-    return (path / "plan.json").is_file()
+    return (path / PLAN_FILE).is_file()
 
 
 def _moved_aside(run_dir: Path, root: Path) -> bool:
@@ -354,7 +323,7 @@ def _moved_aside(run_dir: Path, root: Path) -> bool:
         if folder == root:
             return False
         if folder.name.startswith("previous-") and any(
-                (folder.parent / name).exists() for name in ("plan.json", "run.json")):
+                (folder.parent / name).exists() for name in (PLAN_FILE, RUN_FILE)):
             return True
     return False
 
@@ -382,7 +351,7 @@ def find_runs(paths: Iterable[str | Path],
         if _is_run_dir(path):
             found.append(path)
             continue
-        for plan in sorted(path.rglob("plan.json")):
+        for plan in sorted(path.rglob(PLAN_FILE)):
             inside = plan.parent.relative_to(path).parts
             if "checkpoints" in inside:
                 continue

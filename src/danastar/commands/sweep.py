@@ -40,7 +40,9 @@ from typing import Optional
 from danastar.config import load_config, name_too_long
 from danastar.errors import UserError
 from danastar.launch.sweep_spec import Sweep, SweepPoint, load_sweep, run_state
-from danastar.train.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+from danastar.rundir import metrics
+from danastar.rundir.exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+from danastar.rundir.files import METRICS_FILE
 
 
 @dataclass
@@ -55,7 +57,7 @@ class PlannedRun:
     # the changes (`name: old → new`) by which the run recorded in run_dir is another run than
     # this point's settings make: `danastar train` would refuse to resume it
     refused: list[str] = field(default_factory=list)
-    planned: dict = field(default_factory=dict)  # its dry run (`danastar.commands.train.dry_run`)
+    planned: dict = field(default_factory=dict)  # its dry run (`danastar.train.plan.dry_run`)
 
     @property
     def epochs(self) -> Optional[float]:
@@ -161,10 +163,10 @@ def plan_run(sweep_name: str, point: SweepPoint, root: Path, train_argv: list[st
     """Resolve one point as `danastar submit --array` does (the same checks, the same LR from
     `lr_multiplier`), so that both ways of running a sweep train the same runs; where the point
     has trained before, compare its settings with the recorded ones as `danastar train` does."""
-    from danastar.commands.submit import finish_run
-    from danastar.commands.train import dry_run
+    from danastar.launch.jobs import finish_run
     from danastar.train import identity
     from danastar.train.data import open_tokens
+    from danastar.train.plan import dry_run
 
     run_dir = root / point.name
     too_long = name_too_long(run_dir)
@@ -275,7 +277,7 @@ def print_runs(runs: list[PlannedRun]) -> None:
 def plan_lines(runs: list[PlannedRun]) -> list[str]:
     """What the sweep trains (how many runs, how many times each reads its corpus) and the
     warning of the run that reads its corpus most, when that is more than a few times."""
-    from danastar.commands.train import planned_warning
+    from danastar.train.plan import planned_warning
 
     done = sum(run.state["state"] == "complete" for run in runs)
     epochs = [run.epochs for run in runs]
@@ -297,19 +299,11 @@ def plan_lines(runs: list[PlannedRun]) -> list[str]:
 
 def final_loss(run_dir: Path) -> Optional[float]:
     """The final validation loss a complete run logged (None when there is none)."""
-    loss = None
     try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        final = metrics.final_validation(metrics.records(run_dir / METRICS_FILE))
     except OSError:
         return None
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line cut short by a kill
-            continue
-        if record.get("final") and "val_loss" in record:
-            loss = record["val_loss"]
-    return loss
+    return None if final is None else final["val_loss"]
 
 
 def visible_gpus() -> list[str]:
@@ -363,29 +357,41 @@ def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int
                     running[slot][1].send_signal(stop[0])
                 bar.set_postfix_str(", ".join(r.point.name for r, _, _ in running.values()))
             time.sleep(0.2)
-            for slot, (run, process, log) in list(running.items()):
-                code = process.poll()
-                if code is None:
-                    continue
-                log.close()
-                del running[slot]
-                slots.append(slot)
-                state = run_state(run.run_dir, run.iterations)
-                if state["state"] == "complete":
-                    bar.update(1)
-                    loss = final_loss(run.run_dir)
-                    bar.write(f"{run.point.name}: complete, final validation loss "
-                              f"{loss:.4f}" if loss is not None else
-                              f"{run.point.name}: complete")
-                else:
-                    failed.append((run, code))
-                    bar.write(f"{run.point.name}: stopped with exit code {code} at step "
-                              f"{state['step']} ({root / 'logs' / (run.point.name + '.log')})")
-                bar.set_postfix_str(", ".join(r.point.name for r, _, _ in running.values()))
+            collect_finished(running, slots, failed, root, bar)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     bar.close()
+    return outcome(runs, failed, stop, root, name)
+
+
+def collect_finished(running: dict, slots: list[int], failed: list[tuple[PlannedRun, int]],
+                     root: Path, bar) -> None:
+    """Free the slots of the runs that have exited, saying how each ended."""
+    for slot, (run, process, log) in list(running.items()):
+        code = process.poll()
+        if code is None:
+            continue
+        log.close()
+        del running[slot]
+        slots.append(slot)
+        state = run_state(run.run_dir, run.iterations)
+        if state["state"] == "complete":
+            bar.update(1)
+            loss = final_loss(run.run_dir)
+            bar.write(f"{run.point.name}: complete, final validation loss "
+                      f"{loss:.4f}" if loss is not None else
+                      f"{run.point.name}: complete")
+        else:
+            failed.append((run, code))
+            bar.write(f"{run.point.name}: stopped with exit code {code} at step "
+                      f"{state['step']} ({root / 'logs' / (run.point.name + '.log')})")
+        bar.set_postfix_str(", ".join(r.point.name for r, _, _ in running.values()))
+
+
+def outcome(runs: list[PlannedRun], failed: list[tuple[PlannedRun, int]], stop: list[int],
+            root: Path, name: str) -> int:
+    """The sweep's last words and exit code: stopped by a signal, runs not complete, or done."""
     if stop:
         why = "by Ctrl-C" if stop[0] == signal.SIGINT else f"by {signal.Signals(stop[0]).name}"
         print(f"sweep {name} stopped {why}; its runs saved where they were; run the same "

@@ -16,20 +16,27 @@ resumable path), so "prepare again" is always the repair.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import itertools
 import json
-import multiprocessing
 import os
-import shlex
-import sys
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from danastar import __version__
+from danastar.data.prepare_records import (
+    STATE_FILE,
+    add_checksums,
+    build_meta,
+    command_text,
+    read_json,
+    read_state,
+    records_complete,
+    remove_written,
+    resolve_tokenizer,
+    say,
+    start_repair,
+    write_json_atomic,
+)
 from danastar.data.prepared import (
     META_FILE,
     check_contents,
@@ -37,7 +44,6 @@ from danastar.data.prepared import (
     meta_is_complete,
     prepared_format,
     remember_checked,
-    scan_tokens,
     size_problem,
 )
 from danastar.data.sources import (
@@ -48,13 +54,11 @@ from danastar.data.sources import (
     make_cache_folder,
     open_source,
 )
-from danastar.data.tokenizers import Tokenizer, load_tokenizer, token_dtype, train_bpe
-from danastar.durable import atomic_path, copy_atomic, out_of_space, sha256, write_atomic
+from danastar.data.tokenise import Tokenise, progress_bar, text_batches, worker_count
+from danastar.data.tokenizers import token_dtype
+from danastar.durable import atomic_path, out_of_space, sha256
 from danastar.errors import UserError
 
-STATE_FILE = ".prepare_state.json"
-TOKENIZER_FILE = "tokenizer.json"
-FORMAT = "danastar-tokens-1"
 # Sources prepared automatically on first use by name (small, and downloadable without an account).
 AUTO_PREPARED = ("shakespeare",)
 
@@ -88,7 +92,7 @@ def ensure_prepared(name_or_dir: str | os.PathLike) -> Path:
             return directory  # a named source prepared earlier into its default directory
     if name not in AUTO_PREPARED:
         if (path / STATE_FILE).is_file():
-            recorded = _read_json(path / STATE_FILE).get("command")
+            recorded = read_json(path / STATE_FILE).get("command")
             rerun = f"`{recorded} --out {name}`" if recorded else "the `danastar prepare` command"
             raise UserError(
                 f"{name!r} holds an unfinished preparation; run {rerun} again to finish it (it "
@@ -149,15 +153,6 @@ def damage(directory: Path, meta: dict | None = None) -> dict[str, str]:
     return {name: problem for name, problem in problems.items() if problem}
 
 
-def _read_json(path: Path) -> dict:
-    """A JSON object from a file; empty when the file is unreadable."""
-    try:
-        content = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return content if isinstance(content, dict) else {}
-
-
 def read_meta(directory: Path) -> dict | None:
     """The content of `meta.json`; None when it is not a readable JSON object."""
     try:
@@ -200,7 +195,7 @@ def _prepare_source(
     **source_options,
 ) -> dict:
     _check_out(out)
-    workers = _worker_count(workers)  # checked before any long work
+    workers = worker_count(workers)  # checked before any long work
     corpus = open_source(source, **source_options)
     created = not out.exists()
     _make_out(out)
@@ -216,62 +211,29 @@ def _prepare_source(
         if spec == "bpe"
         else spec,
     }
-    command = _command(source, tokenizer, vocab_size, source_options)
+    command = command_text(source, tokenizer, vocab_size, source_options)
     if (out / META_FILE).is_file():
-        meta = read_meta(out)
-        if meta is None:
-            # Nothing says what the directory held: keep the unreadable file, prepare afresh.
-            kept = out / f"{META_FILE}.corrupt"
-            os.replace(out / META_FILE, kept)
-            _say(f"{out / META_FILE} is unreadable (kept as {kept.name}); preparing {out} again")
-        elif {key: meta.get(key) for key in request} != request:
-            raise UserError(
-                f"{out} already holds data prepared differently; choose another --out or delete it."
-            )
-        else:
-            problems = damage(out, meta)
-            if not problems:
-                if not _records_complete(meta):  # written before meta.json held checksums
-                    meta = _add_checksums(out, meta, command)
-                remember_checked(out, [*meta["train_files"], *meta["val_files"]])
-                return meta  # already prepared, and intact
-            _say(f"{out}: {'; '.join(problems.values())}; rebuilding what is damaged")
-            _start_repair(out, meta, request, corpus, problems)
-    state = _read_state(out)
+        intact = _verify_existing(out, request, corpus, command)
+        if intact is not None:
+            return intact
+    state = read_state(out)
     if state is not None and state["request"] != request:
         raise UserError(
             f"{out} holds an unfinished preparation with other options; choose another --out or "
             "delete it."
         )
-    tok, worker_spec, tokenizer_file = _resolve_tokenizer(
+    tok, worker_spec, tokenizer_file = resolve_tokenizer(
         spec, vocab_size or corpus.default_vocab_size, corpus, out, resume=state is not None
     )
     state = state or {"request": request, "shards": {}}
     state["command"] = command  # named to whoever finds the preparation unfinished
-    dtype = token_dtype(tok.vocab_size)
-
-    total = (
-        sum(s.documents for s in corpus.shards)
-        if all(s.documents is not None for s in corpus.shards)
-        else None
-    )
-    done_documents = sum(r["documents"] for r in state["shards"].values())
-    with (
-        _Tokenise(worker_spec, workers) as tokenise,
-        _progress(total, done_documents, progress) as bar,
-    ):
-        for shard in corpus.shards:
-            if shard.name in state["shards"]:
-                continue  # finished before an interruption
-            state["shards"][shard.name] = _write_shard(shard, tokenise, out, dtype, bar)
-            _write_json_atomic(out / STATE_FILE, state)
-
-    meta = _meta(request, tok, tokenizer_file, state["shards"], corpus.shards, out, command)
+    _write_shards(corpus, state, out, token_dtype(tok.vocab_size), worker_spec, workers, progress)
+    meta = build_meta(request, tok, tokenizer_file, state["shards"], corpus.shards, out, command)
     for split in ("train", "val"):
         if meta[f"{split}_tokens"] == 0:
             # No retry of this request can do better, and what it left would block one with
             # other options: remove what this preparation wrote.
-            _remove_written(out, state, spec == "bpe", created)
+            remove_written(out, state, spec == "bpe", created)
             raise UserError(
                 f"the {split} split of {source!r} is empty; give more documents or adjust "
                 f"--val_fraction (the tokens written to {out} were removed)."
@@ -280,24 +242,56 @@ def _prepare_source(
             if entry["max_id"] >= tok.vocab_size:  # a tokenizer that breaks its own contract
                 raise RuntimeError(f"{entry['file']} holds id {entry['max_id']} but the "
                                    f"tokenizer {tok.name} has {tok.vocab_size} ids")
-    _write_json_atomic(out / META_FILE, meta)
+    write_json_atomic(out / META_FILE, meta)
     (out / STATE_FILE).unlink()
     remember_checked(out, [*meta["train_files"], *meta["val_files"]])
     return meta
 
 
-def _remove_written(out: Path, state: dict, trained_tokenizer: bool, created: bool) -> None:
-    """Remove the token files, the trained tokenizer and the state of an unfinished preparation,
-    and the output directory it `created` when nothing else is in it."""
-    for name, record in state["shards"].items():
-        if record.get("tokens"):
-            (out / f"{name}.bin").unlink(missing_ok=True)
-    if trained_tokenizer:
-        (out / TOKENIZER_FILE).unlink(missing_ok=True)
-    (out / STATE_FILE).unlink(missing_ok=True)
-    if created:
-        with contextlib.suppress(OSError):
-            out.rmdir()  # only if empty
+def _verify_existing(out: Path, request: dict, corpus: Corpus, command: str) -> dict | None:
+    """An output with a `meta.json`: its meta when it is this request's and intact; else None,
+    with what is damaged turned into an unfinished preparation (or an unreadable `meta.json`
+    kept aside). Another request's output is refused."""
+    meta = read_meta(out)
+    if meta is None:
+        # Nothing says what the directory held: keep the unreadable file, prepare afresh.
+        kept = out / f"{META_FILE}.corrupt"
+        os.replace(out / META_FILE, kept)
+        say(f"{out / META_FILE} is unreadable (kept as {kept.name}); preparing {out} again")
+        return None
+    if {key: meta.get(key) for key in request} != request:
+        raise UserError(
+            f"{out} already holds data prepared differently; choose another --out or delete it."
+        )
+    problems = damage(out, meta)
+    if problems:
+        say(f"{out}: {'; '.join(problems.values())}; rebuilding what is damaged")
+        start_repair(out, meta, request, corpus, problems)
+        return None
+    if not records_complete(meta):  # written before meta.json held checksums
+        meta = add_checksums(out, meta, command)
+    remember_checked(out, [*meta["train_files"], *meta["val_files"]])
+    return meta  # already prepared, and intact
+
+
+def _write_shards(corpus: Corpus, state: dict, out: Path, dtype: str, worker_spec: str,
+                  workers: int, progress: bool) -> None:
+    """Tokenise the shards not finished yet, recording each in the state file as it is done."""
+    total = (
+        sum(s.documents for s in corpus.shards)
+        if all(s.documents is not None for s in corpus.shards)
+        else None
+    )
+    done_documents = sum(r["documents"] for r in state["shards"].values())
+    with (
+        Tokenise(worker_spec, workers) as tokenise,
+        progress_bar(total, done_documents, progress) as bar,
+    ):
+        for shard in corpus.shards:
+            if shard.name in state["shards"]:
+                continue  # finished before an interruption
+            state["shards"][shard.name] = _write_shard(shard, tokenise, out, dtype, bar)
+            write_json_atomic(out / STATE_FILE, state)
 
 
 def _check_out(out: Path) -> None:
@@ -321,145 +315,7 @@ def _make_out(out: Path) -> None:
         raise UserError(f"the output directory {out} is not writable; give a writable --out.")
 
 
-def _say(message: str) -> None:
-    print(f"danastar prepare: {message}", file=sys.stderr, flush=True)
-
-
-def _command(source: str, tokenizer: str | None, vocab_size: int | None, options: dict) -> str:
-    """The `danastar prepare` command that makes this output (without `--out`, so two outputs of
-    one request record the same text); messages add `--out DIR` to name the repair."""
-    if source not in SOURCES:
-        source = str(Path(source).expanduser().resolve())
-    parts = ["danastar", "prepare", source]
-    if tokenizer is not None:
-        parts += ["--tokenizer", str(tokenizer)]
-    if vocab_size is not None:
-        parts += ["--vocab_size", str(vocab_size)]
-    for key in sorted(options):
-        value = options[key]
-        values = value if isinstance(value, (list, tuple)) else [value]
-        parts += [f"--{key}", *map(str, values)]
-    return shlex.join(parts)
-
-
-def _records_complete(meta: dict) -> bool:
-    # Per-file document counts are not required: an older meta.json lacks them for good (a
-    # repair of such a directory rebuilds every shard).
-    return all({"bytes", "sha256", "max_id"} <= e.keys()
-               for e in [*meta["train_files"], *meta["val_files"]])
-
-
-def _add_checksums(out: Path, meta: dict, command: str) -> dict:
-    """Record sizes, checksums and largest ids in a `meta.json` written before it held them (its
-    files passed the size check). Document counts per file were not recorded then."""
-    for entry in [*meta["train_files"], *meta["val_files"]]:
-        path = out / entry["file"]
-        entry.update({key: value for key, value in
-                      _scan(path, meta["dtype"]).items() if key not in entry})
-    if meta.get("tokenizer_file") and (out / meta["tokenizer_file"]).is_file():
-        meta.setdefault("tokenizer_sha256", sha256(out / meta["tokenizer_file"]))
-    meta.setdefault("command", command)
-    _write_json_atomic(out / META_FILE, meta)
-    return meta
-
-
-def _scan(path: Path, dtype: str) -> dict:
-    return scan_tokens(path, np.dtype(dtype), checksum=True)
-
-
-def _start_repair(out: Path, meta: dict, request: dict, corpus: Corpus, problems: dict) -> None:
-    """Turn a damaged output into an unfinished preparation whose finished shards are the intact
-    files, so the resumable path rebuilds exactly what is damaged (and survives an interruption)."""
-    shards: dict = {}
-    tokenizer_file = meta.get("tokenizer_file")
-    intact_meta = META_FILE not in problems  # else its file list cannot be trusted
-    entries = ({Path(e["file"]).stem: e for e in [*meta["train_files"], *meta["val_files"]]}
-               if intact_meta else {})
-    # With another tokenizer, or without per-file document counts (an older meta.json), every
-    # shard is made again.
-    if (intact_meta and tokenizer_file not in problems
-            and all("documents" in e for e in entries.values())):
-        for shard in corpus.shards:
-            entry = entries.get(shard.name)
-            if entry is None:
-                shards[shard.name] = {"documents": 0, "tokens": 0}  # an empty shard has no file
-            elif entry["file"] not in problems:
-                shards[shard.name] = {key: entry[key] for key in
-                                      ("documents", "tokens", "bytes", "sha256", "max_id")}
-    if tokenizer_file in problems:
-        with contextlib.suppress(FileNotFoundError):
-            (out / tokenizer_file).unlink()  # made again (a trained BPE deterministically)
-    _write_json_atomic(out / STATE_FILE, {"request": request, "shards": shards})
-    (out / META_FILE).unlink()  # the directory is incomplete until the rebuilt meta.json is in
-
-
-def _resolve_tokenizer(
-    spec: str, vocab_size: int, corpus: Corpus, out: Path, resume: bool
-) -> tuple[Tokenizer, str, str | None]:
-    """(tokenizer, the spec worker processes load it from, tokenizer file beside the data or
-    None)."""
-    target = out / TOKENIZER_FILE
-    if spec == "bpe":
-        name = f"bpe-{vocab_size}"
-        if resume and target.is_file():  # the BPE trained before the interruption
-            tok = load_tokenizer(str(target))
-            tok.name = name
-            return tok, str(target), TOKENIZER_FILE
-        trained = train_bpe(corpus.train_texts(), vocab_size, name=name)
-        with atomic_path(target) as temporary:
-            trained.save(temporary)
-        return trained, str(target), TOKENIZER_FILE
-    tok = load_tokenizer(spec)
-    if spec.endswith(".json") or Path(spec).is_dir():
-        # Keep a copy beside the data, so the directory is self-contained.
-        source = Path(spec) / TOKENIZER_FILE if Path(spec).is_dir() else Path(spec)
-        if source.resolve() != target.resolve():
-            copy_atomic(source, target)
-        return tok, str(target), TOKENIZER_FILE
-    return tok, spec, None
-
-
-def _meta(
-    request: dict,
-    tok: Tokenizer,
-    tokenizer_file: str | None,
-    records: dict,
-    shards: list[Shard],
-    out: Path,
-    command: str,
-) -> dict:
-    meta = {
-        "format": FORMAT,
-        "tokenizer": tok.name,
-        "vocab_size": tok.vocab_size,
-        "dtype": token_dtype(tok.vocab_size),
-        "eot_id": tok.eot_id,
-        "tokenizer_file": tokenizer_file,
-        "tokenizer_sha256": sha256(out / tokenizer_file) if tokenizer_file else None,
-        "tokenizer_library": tok.library,
-        **request,
-        "command": command,
-        "danastar_version": __version__,
-    }
-    for split in ("train", "val"):
-        names = [s.name for s in shards if s.split == split]
-        files = []
-        for name in names:
-            record = records[name]
-            if record["tokens"] == 0:
-                continue
-            if "sha256" not in record:  # finished by a version that did not record it
-                record.update(_scan(out / f"{name}.bin", meta["dtype"]))
-            files.append({"file": f"{name}.bin", "tokens": record["tokens"],
-                          "documents": record["documents"], "bytes": record["bytes"],
-                          "sha256": record["sha256"], "max_id": record["max_id"]})
-        meta[f"{split}_files"] = files
-        meta[f"{split}_tokens"] = sum(f["tokens"] for f in files)
-        meta[f"{split}_documents"] = sum(records[n]["documents"] for n in names)
-    return meta
-
-
-def _write_shard(shard: Shard, tokenise: _Tokenise, out: Path, dtype: str, bar) -> dict:
+def _write_shard(shard: Shard, tokenise: Tokenise, out: Path, dtype: str, bar) -> dict:
     """Tokenise one shard into `<name>.bin` (renamed into place when complete); its counts, size,
     checksum and largest id (computed on the way, so verifying it later needs no second pass)."""
     documents = tokens = size = 0
@@ -467,7 +323,7 @@ def _write_shard(shard: Shard, tokenise: _Tokenise, out: Path, dtype: str, bar) 
     digest = hashlib.sha256()
     with atomic_path(out / f"{shard.name}.bin") as temporary:
         with open(temporary, "wb") as f:
-            for batch_documents, ids in tokenise(_text_batches(shard.read())):
+            for batch_documents, ids in tokenise(text_batches(shard.read())):
                 data = ids.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes()
                 f.write(data)
                 digest.update(data)
@@ -485,141 +341,11 @@ def _write_shard(shard: Shard, tokenise: _Tokenise, out: Path, dtype: str, bar) 
             "sha256": digest.hexdigest(), "max_id": largest}
 
 
-def _text_batches(
-    texts: Iterable[str], max_chars: int = 1 << 20, max_documents: int = 1024
-) -> Iterator[list[str]]:
-    """Groups of documents of about a megabyte: large enough to amortise inter-process traffic,
-    small enough that a corpus of a few long documents still spreads over all workers."""
-    batch, size = [], 0
-    for text in texts:
-        batch.append(text)
-        size += len(text)
-        if size >= max_chars or len(batch) >= max_documents:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
-
-
 # --- parallel tokenisation
 # -------------------------------------------------------------------------
-
-_worker_tokenizer: Tokenizer | None = None
-
-
-def _init_worker(spec: str, one_thread: bool = False) -> None:
-    global _worker_tokenizer
-    if one_thread:
-        # One core per worker process: the Rust tokenizers' own thread pool would oversubscribe.
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker_tokenizer = load_tokenizer(spec)
-
-
-def _encode_documents(texts: list[str]) -> tuple[int, np.ndarray]:
-    """(number of documents, their ids concatenated, each followed by the end-of-text id)."""
-    tok = _worker_tokenizer
-    pieces = []
-    for ids in tok.encode_batch(texts):
-        pieces.append(ids)
-        pieces.append([tok.eot_id])
-    return len(texts), np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64)
-
-
-class _Tokenise:
-    """Maps batches of documents to token arrays, in order, over a pool of worker processes.
-
-    Workers are spawned (not forked): a process that has already run the Rust tokenizers'
-    thread pool (BPE training) must not be forked. At most a few batches per worker are in flight,
-    so memory stays bounded however large a shard is.
-    """
-
-    def __init__(self, spec: str, workers: int):
-        self.spec, self.workers, self.pool = spec, workers, None
-
-    def __enter__(self) -> _Tokenise:
-        if self.workers > 1:
-            context = multiprocessing.get_context("spawn")
-            self.pool = context.Pool(
-                self.workers, initializer=_init_worker, initargs=(self.spec, True)
-            )
-        else:
-            _init_worker(self.spec)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-
-    def __call__(self, batches: Iterator[list[str]]) -> Iterator[tuple[int, np.ndarray]]:
-        if self.pool is None:
-            yield from map(_encode_documents, batches)
-            return
-        while window := list(itertools.islice(batches, 2 * self.workers)):
-            yield from self.pool.imap(_encode_documents, window)
-
-
-def _worker_count(workers: int | None) -> int:
-    if workers is None:
-        return (
-            len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else (os.cpu_count() or 1)
-        )
-    if workers < 1:
-        raise UserError(f"--workers must be at least 1 (got {workers}).")
-    return workers
-
-
-@contextlib.contextmanager
-def _progress(total: int | None, done: int, enabled: bool):
-    from tqdm.auto import tqdm
-
-    with tqdm(
-        total=total,
-        initial=done,
-        unit="doc",
-        desc="tokenising",
-        disable=not enabled,
-        dynamic_ncols=True,
-    ) as bar:
-        yield bar
 
 
 # --- small file helpers
 # ----------------------------------------------------------------------------
 
 
-def _read_state(out: Path) -> dict | None:
-    path = out / STATE_FILE
-    if not path.is_file():
-        return None
-    try:
-        state = json.loads(path.read_text())
-        shards = state["shards"]
-        if not isinstance(state["request"], dict) or not all(
-            isinstance(r.get("tokens"), int) and isinstance(r.get("documents"), int)
-            for r in shards.values()
-        ):
-            raise TypeError
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        # Only a resume aid: without it the preparation starts over, which loses no result.
-        kept = out / f"{STATE_FILE}.corrupt"
-        os.replace(path, kept)
-        _say(f"{path} is unreadable (kept as {kept.name}); starting the preparation over")
-        return None
-    # A shard counts as finished only if its file is still there, whole (empty shards have none).
-    state["shards"] = {
-        n: r for n, r in shards.items() if r["tokens"] == 0 or _whole(out / f"{n}.bin", r)
-    }
-    return state
-
-
-def _whole(path: Path, record: dict) -> bool:
-    if not path.is_file():
-        return False
-    return "bytes" not in record or path.stat().st_size == record["bytes"]
-
-
-def _write_json_atomic(path: Path, content: dict) -> None:
-    write_atomic(path, json.dumps(content, indent=2) + "\n")

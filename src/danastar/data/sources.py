@@ -242,52 +242,11 @@ def local_files(
     refused here, before any tokenising.
     """
     _check_fraction(val_fraction)
-    root = Path(path)
-    if root.is_dir():
-        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
-    elif root.is_file() and root.suffix in LOCAL_SUFFIXES:
-        files, root = [root], root.parent
-    elif root.exists():
-        raise UserError(
-            f"{str(path)!r} is not a {'/'.join(LOCAL_SUFFIXES)} file; convert it or give a folder "
-            "of such files."
-        )
-    else:
-        raise UserError(
-            f"{str(path)!r} is neither a known source (shakespeare, fineweb) nor an existing file "
-            "or folder; check the path."
-        )
-    if not files:
-        raise UserError(
-            f"no {'/'.join(LOCAL_SUFFIXES)} files under {str(path)!r}; point to a folder that "
-            "holds some."
-        )
-
-    empty = next((f for f in files if f.suffix == ".txt" and f.stat().st_size == 0), None)
-    if empty is not None:  # found before any long work (the content is checked when read)
-        raise UserError(f"{empty} is empty; put text in it or remove it.")
+    files, root = _local_file_list(path)
     paragraphs = len(files) == 1 and files[0].suffix == ".txt"
     if all(file.suffix == ".txt" for file in files):
-        keys = ([f"{files[0].relative_to(root).as_posix()}:{row}"
-                 for row in range(len(_paragraphs(_text_file(files[0]))))] if paragraphs else
-                [f"{file.relative_to(root).as_posix()}:0" for file in files])
-        try:
-            _check_both_splits(keys, val_fraction, split_seed, path, paragraphs)
-        except UserError:
-            # A blank or binary file among them is the more useful sentence (and may be why
-            # the documents are too few); reading every file is worth it only on this path.
-            for file in files:
-                _text_file(file)
-            raise
-    groups, current, size = [], [], 0
-    for file in files:
-        current.append(file)
-        size += file.stat().st_size
-        if size >= shard_input_mb * 2**20:
-            groups.append(current)
-            current, size = [], 0
-    if current:
-        groups.append(current)
+        _check_text_splits(files, root, val_fraction, split_seed, path, paragraphs)
+    groups = _groups_by_size(files, shard_input_mb * 2**20)
 
     def reader(group: list[Path], want_val: bool) -> Callable[[], Iterator[str]]:
         def read() -> Iterator[str]:
@@ -319,6 +278,66 @@ def local_files(
     if paragraphs:
         description["documents"] = "the paragraphs of one .txt file (split at blank lines)"
     return Corpus(shards, description, default_tokenizer="gpt2")
+
+
+def _local_file_list(path: str | os.PathLike) -> tuple[list[Path], Path]:
+    """The sorted input files under `path` (or `path` itself) and the folder their names are
+    relative to; a path that holds none, or an empty `.txt` file, is refused."""
+    root = Path(path)
+    if root.is_dir():
+        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
+    elif root.is_file() and root.suffix in LOCAL_SUFFIXES:
+        files, root = [root], root.parent
+    elif root.exists():
+        raise UserError(
+            f"{str(path)!r} is not a {'/'.join(LOCAL_SUFFIXES)} file; convert it or give a folder "
+            "of such files."
+        )
+    else:
+        raise UserError(
+            f"{str(path)!r} is neither a known source (shakespeare, fineweb) nor an existing file "
+            "or folder; check the path."
+        )
+    if not files:
+        raise UserError(
+            f"no {'/'.join(LOCAL_SUFFIXES)} files under {str(path)!r}; point to a folder that "
+            "holds some."
+        )
+    empty = next((f for f in files if f.suffix == ".txt" and f.stat().st_size == 0), None)
+    if empty is not None:  # found before any long work (the content is checked when read)
+        raise UserError(f"{empty} is empty; put text in it or remove it.")
+    return files, root
+
+
+def _check_text_splits(files: list[Path], root: Path, val_fraction: float, split_seed: int,
+                       path, paragraphs: bool) -> None:
+    """Where every document is a `.txt` file or paragraph, refuse a split that `val_fraction`
+    would leave empty, before any tokenising."""
+    keys = ([f"{files[0].relative_to(root).as_posix()}:{row}"
+             for row in range(len(_paragraphs(_text_file(files[0]))))] if paragraphs else
+            [f"{file.relative_to(root).as_posix()}:0" for file in files])
+    try:
+        _check_both_splits(keys, val_fraction, split_seed, path, paragraphs)
+    except UserError:
+        # A blank or binary file among them is the more useful sentence (and may be why
+        # the documents are too few); reading every file is worth it only on this path.
+        for file in files:
+            _text_file(file)
+        raise
+
+
+def _groups_by_size(files: list[Path], group_bytes: float) -> list[list[Path]]:
+    """Consecutive files in groups of about `group_bytes` of input (one shard each)."""
+    groups, current, size = [], [], 0
+    for file in files:
+        current.append(file)
+        size += file.stat().st_size
+        if size >= group_bytes:
+            groups.append(current)
+            current, size = [], 0
+    if current:
+        groups.append(current)
+    return groups
 
 
 def _paragraphs(text: str) -> list[str]:

@@ -174,13 +174,7 @@ def _tiktoken_by_name(spec: str) -> Tokenizer:
             f"{type(error).__name__}); "
             f"pre-cache it on a machine with internet with `TIKTOKEN_CACHE_DIR=DIR python -c "
             f"\"import tiktoken; tiktoken.get_encoding('{encoding_name}')\"`, copy DIR here and "
-            "set "
-            ""
-            ""
-            ""
-            ""
-            ""
-            "TIKTOKEN_CACHE_DIR=DIR."
+            "set TIKTOKEN_CACHE_DIR=DIR."
         ) from None
     return TiktokenTokenizer(encoding, spec)
 

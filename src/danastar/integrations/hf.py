@@ -38,8 +38,8 @@ from torch import nn
 
 from danastar.optim import param_groups
 from danastar.optim.registry import OPTIMIZERS
+from danastar.optim.weight_decay import PAPER_OMEGA
 
-DEFAULT_OMEGA = 4.0  # the paper's weight-decay strength ω
 # danastar's optimizers with the log-time weight decay whose other settings do not depend on T.
 SUPPORTED = ("adana", "dana-mk4", "dana-star", "dana-star-mk4", "adamw-decaying-wd")
 
@@ -59,7 +59,7 @@ def check_trainer_arguments(args: transformers.TrainingArguments, name: str) -> 
 
 
 def trainer_optimizer(model: nn.Module, args: transformers.TrainingArguments, name: str,
-                      total_steps: int, omega: float = DEFAULT_OMEGA,
+                      total_steps: int, omega: float = PAPER_OMEGA,
                       **hparams: Any) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     """The class and keyword arguments (``params`` included) of the registry's ``name`` for a
     run of ``total_steps`` optimizer steps: the paper's form ``omega``/``total_steps``, unless
@@ -80,7 +80,7 @@ def trainer_optimizer(model: nn.Module, args: transformers.TrainingArguments, na
 
 
 def optimizer_cls_and_kwargs(model: nn.Module, args: transformers.TrainingArguments,
-                             name: str = "adana", *, omega: float = DEFAULT_OMEGA,
+                             name: str = "adana", *, omega: float = PAPER_OMEGA,
                              **hparams: Any) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     """For ``Trainer(..., optimizer_cls_and_kwargs=...)``: danastar's ``name`` over ``model``
     for a run of ``args.max_steps`` steps (which must be set). The Trainer takes the param
@@ -97,7 +97,7 @@ class DanastarTrainer(transformers.Trainer):
     argument is the Trainer's.
     """
 
-    def __init__(self, *args: Any, optimizer_name: str = "adana", omega: float = DEFAULT_OMEGA,
+    def __init__(self, *args: Any, optimizer_name: str = "adana", omega: float = PAPER_OMEGA,
                  optimizer_hparams: dict[str, Any] | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         check_trainer_arguments(self.args, optimizer_name)  # at once, not when training starts

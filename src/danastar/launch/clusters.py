@@ -148,33 +148,38 @@ def parse_registry(loaded: Any, source: Path | None = None) -> Registry:
         raise UserError(f"{where}: fallback {fallback!r} is not known; use queue or fail.")
     if not isinstance(loaded, list):
         raise UserError(f"{where} must hold a list of cluster profiles (each with a name:).")
-    fields = {f.name for f in dataclasses.fields(ClusterProfile)}
-    profiles, names = [], set()
+    profiles: list[ClusterProfile] = []
     for entry in loaded:
-        if not isinstance(entry, dict) or not entry.get("name"):
-            raise UserError(f"{where}: every profile is a mapping with a name:, not {entry!r}.")
-        name = str(entry["name"])
-        refuse_secrets(entry, name, where)
-        unknown = sorted(set(entry) - fields)
-        if unknown:
-            raise UserError(f"{where}: profile {name} has unknown fields {unknown}; valid fields: "
-                            f"{', '.join(sorted(fields))}.")
-        if name in names:
-            raise UserError(f"{where}: two profiles are named {name}; rename one.")
-        names.add(name)
-        values = {key: value for key, value in entry.items() if value is not None}
-        for key in ("setup", "sbatch_extra"):
-            if isinstance(values.get(key), str):
-                values[key] = [values[key]]
-        check_profile(values, f"{where}: profile {name}")
-        for key in ("mem", "max_time", "login", "partition", "account", "qos"):
-            if key in values:
-                values[key] = str(values[key])
-        try:
-            profiles.append(ClusterProfile(**values))
-        except TypeError as error:
-            raise UserError(f"{where}: profile {name} is malformed ({error}).") from None
+        profiles.append(parse_profile(entry, where, taken={p.name for p in profiles}))
     return Registry(profiles, fallback, source)
+
+
+def parse_profile(entry: Any, where: str, taken: set[str]) -> ClusterProfile:
+    """One profile of the registry (`where` names the registry; `taken`, the names before it),
+    checked field by field."""
+    if not isinstance(entry, dict) or not entry.get("name"):
+        raise UserError(f"{where}: every profile is a mapping with a name:, not {entry!r}.")
+    name = str(entry["name"])
+    refuse_secrets(entry, name, where)
+    fields = {f.name for f in dataclasses.fields(ClusterProfile)}
+    unknown = sorted(set(entry) - fields)
+    if unknown:
+        raise UserError(f"{where}: profile {name} has unknown fields {unknown}; valid fields: "
+                        f"{', '.join(sorted(fields))}.")
+    if name in taken:
+        raise UserError(f"{where}: two profiles are named {name}; rename one.")
+    values = {key: value for key, value in entry.items() if value is not None}
+    for key in ("setup", "sbatch_extra"):
+        if isinstance(values.get(key), str):
+            values[key] = [values[key]]
+    check_profile(values, f"{where}: profile {name}")
+    for key in ("mem", "max_time", "login", "partition", "account", "qos"):
+        if key in values:
+            values[key] = str(values[key])
+    try:
+        return ClusterProfile(**values)
+    except TypeError as error:
+        raise UserError(f"{where}: profile {name} is malformed ({error}).") from None
 
 
 # Whole-number fields of a profile and their least value (None: any)
@@ -198,16 +203,21 @@ def check_profile(values: dict, where: str) -> None:
         lines = values.get(key, [])
         if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
             raise UserError(f"{where} field {key} takes a list of lines of text, not {lines!r}.")
-    for line in values.get("sbatch_extra", []):
-        if not line.startswith("-") or "\n" in line:
-            raise UserError(f"{where} field sbatch_extra holds {line!r}; each item is one sbatch "
-                            "option, e.g. --constraint=h100.")
     caps = values.get("micro_batch_caps", {})
     if not isinstance(caps, dict) or not all(
             isinstance(n, int) and not isinstance(n, bool) and n > 0
             for pair in caps.items() for n in pair):
         raise UserError(f"{where} field micro_batch_caps takes {{heads: sequences per GPU}} "
                         f"with whole numbers above 0, not {caps!r}.")
+    check_slurm_values(values, where)
+
+
+def check_slurm_values(values: dict, where: str) -> None:
+    """A profile's sbatch_extra, max_time, mem, partition, account and qos, as SLURM reads them."""
+    for line in values.get("sbatch_extra", []):
+        if not line.startswith("-") or "\n" in line:
+            raise UserError(f"{where} field sbatch_extra holds {line!r}; each item is one sbatch "
+                            "option, e.g. --constraint=h100.")
     max_time = values.get("max_time", "")
     if isinstance(max_time, int) and not isinstance(max_time, bool):
         raise UserError(f"{where} field max_time is the number {max_time}, as YAML reads an "

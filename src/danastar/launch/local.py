@@ -30,16 +30,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from danastar.train.signals import (
+from danastar.rundir.exits import (
+    EXPLAINED_EXIT_CODES,
     INTERRUPTED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     PREEMPTION_SIGNALS,
+    STOP_SIGNALS,
 )
-from danastar.train.status import STOP_FILE
+from danastar.rundir.status import request_stop
 
 # The agent forwards these to the workers itself; SIGINT is handled by `torchrun_main`.
 FORWARDED_SIGNALS = "SIGTERM,SIGHUP,SIGQUIT,SIGUSR1"
-OUR_EXIT_CODES = (0, 2, PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE)  # each already explained
 
 
 def under_torchrun() -> bool:
@@ -87,11 +88,11 @@ def launch(nproc: int, train_argv: list[str], run_dir: Path | None = None) -> in
 
     def forward(signum, _frame):
         if signum != signal.SIGINT and run_dir is not None and Path(run_dir).is_dir():
-            (Path(run_dir) / STOP_FILE).touch()  # the workers stop after their step and save
+            request_stop(run_dir)  # the workers stop after their step and save
         else:
             process.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (*PREEMPTION_SIGNALS, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
         return process.wait()
     finally:
@@ -182,11 +183,11 @@ def workers_exit_code(failures: dict) -> int:
     traceback)."""
     codes = {rank: failure.exitcode for rank, failure in failures.items()}
     own = {rank: code for rank, code in codes.items() if code >= 0} or codes
-    if len(set(own.values())) == 1 and set(own.values()) <= set(OUR_EXIT_CODES):
+    if len(set(own.values())) == 1 and set(own.values()) <= set(EXPLAINED_EXIT_CODES):
         return next(iter(own.values()))
     rank = min(own)
     code = own[rank]
-    if code not in OUR_EXIT_CODES:
+    if code not in EXPLAINED_EXIT_CODES:
         print(f"danastar train: worker rank {rank} failed with exit code {code} (its error is "
               f"above).", file=sys.stderr)
     return 128 - code if code < 0 else code

@@ -18,15 +18,18 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import string
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from danastar.errors import UserError
-from danastar.train.signals import PREEMPTED_EXIT_CODE
-from danastar.train.status import STOP_FILE, read_status, write_status
+from danastar.rundir.exits import PREEMPTED_EXIT_CODE
+from danastar.rundir.files import STOP_FILE
+from danastar.rundir.status import read_status, write_status
 
 SCRIPT_NAME = "submit.sbatch"
 LAUNCHERS = ("srun", "torchrun")
@@ -124,6 +127,17 @@ def run_selection(job: Job) -> list[str]:
     return lines
 
 
+class ScriptTemplate(string.Template):
+    """The job script's holes are `{{name}}` (`$` and `@` are bash's own); any other `{{` is an
+    error, so that a misspelt hole cannot reach a script."""
+
+    pattern = r"""\{\{(?:(?P<named>[a-z_]+)\}\}|(?P<braced>(?!))|(?P<escaped>(?!))|(?P<invalid>))"""
+
+
+# The script's fixed text, with a hole for each part that depends on the job.
+JOB_TEMPLATE = resources.files("danastar.launch") / "templates" / "job.sbatch"
+
+
 def render_script(job: Job) -> str:
     """The job script: SBATCH header, setup, the segment, and what its exit code means."""
     if job.chain not in CHAINS:
@@ -154,77 +168,24 @@ echo "danastar: successor job $SUCCESSOR submitted"
             else "ends and its pre-submitted successor continues")
     cancel_successor = '  scancel "$SUCCESSOR"\n' if job.chain == "dependency" else ""
     setup = "\n".join(job.setup) if job.setup else "# (no setup lines in the cluster profile)"
-    return f"""#!/bin/bash
-# danastar job script for {what}{f' on cluster {job.cluster}' if job.cluster else ''}.
-# Written by `danastar submit` on {created}. Edit it freely and submit it again with:
-#   sbatch {job.script_path}
-# Each segment trains until the run is complete (exit 0) or it saves a checkpoint and stops with
-# work left (exit 75: time nearly up, preempted, or --iterations_to_run reached); then the job
-# {then}. Other exit codes stop: 2 a user error, else a crash.
-{chr(10).join(sbatch_lines(job))}
-
-set -u
-cd {shlex.quote(str(job.workdir))}
-MAX_RESTARTS={job.max_restarts}
-{chr(10).join(run_selection(job))}
-
-# -- cluster setup (modules, virtual environment) from the profile --
-{setup}
-PYTHON={shlex.quote(job.python)}
-
-SEGMENT=${{SLURM_RESTART_COUNT:-${{DANASTAR_SEGMENT:-0}}}}
-SEGMENT_START=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-mkdir -p "$RUN_DIR/logs"
-echo "=== danastar: segment $SEGMENT of $RUN_DIR," \
-  "job $SLURM_JOB_ID on $(hostname), $SEGMENT_START ==="
-segment() {{ "$PYTHON" -m danastar.launch.slurm "$@" --run_dir "$RUN_DIR"; }}
-
-if [ "$(segment state)" = complete ]; then
-  echo "danastar: the run is complete; nothing to do"
-  exit 0
-fi
-if [ "$SEGMENT" -gt "$MAX_RESTARTS" ]; then
-  echo "danastar: $SEGMENT segments exceed max_restarts=$MAX_RESTARTS; stopping the chain" >&2
-  segment end --exit_code 1 --since "$SEGMENT_START" --reason "max_restarts reached" >/dev/null
-  exit 1
-fi
-{successor}
-# Time nearly up (USR1): ask the workers to checkpoint after their step through the stop file;
-# signalling them directly is the classic way to hang a job (NCCL, data-loader processes).
-rm -f "$RUN_DIR/{STOP_FILE}"
-trap 'echo "danastar: USR1 (time nearly up): asking the run to checkpoint and stop"
-      touch "$RUN_DIR/{STOP_FILE}"' USR1
-# SIGTERM (scancel, scontrol requeue, preemption) reaches the workers from SLURM itself: they save
-# and stop, and SLURM decides what happens to the job.
-TERMINATED=0
-trap 'echo "danastar: SIGTERM: the workers checkpoint and stop"; TERMINATED=1' TERM
-
-{launch_command(job)} &
-TRAIN_PID=$!
-while kill -0 "$TRAIN_PID" 2>/dev/null; do
-  wait "$TRAIN_PID"  # returns early when a trapped signal arrives; then wait again
-done
-wait "$TRAIN_PID"
-TRAIN_CODE=$?
-CODE=$(segment end --exit_code "$TRAIN_CODE" --since "$SEGMENT_START")
-CODE=${{CODE:-$TRAIN_CODE}}
-
-if [ "$CODE" = 0 ]; then
-  echo "danastar: the run is complete"
-elif [ "$CODE" = {PREEMPTED_EXIT_CODE} ] && [ "$TERMINATED" = 1 ]; then
-  echo "danastar: checkpoint saved; SLURM requeues or ends the job"
-elif [ "$CODE" = {PREEMPTED_EXIT_CODE} ]; then
-  if [ "$((SEGMENT + 1))" -gt "$MAX_RESTARTS" ]; then
-    echo "danastar: checkpoint saved, but max_restarts=$MAX_RESTARTS is reached;" \
-      "submit this script again to continue" >&2
-  else
-{continue_chain}
-  fi
-else
-  echo "danastar: training failed with exit code $CODE; the chain stops (see $RUN_DIR/logs)" >&2
-{cancel_successor}fi
-exit "$CODE"
-"""
+    return ScriptTemplate(JOB_TEMPLATE.read_text()).substitute(
+        what=what + (f" on cluster {job.cluster}" if job.cluster else ""),
+        created=created,
+        script_path=job.script_path,
+        then=then,
+        sbatch_lines="\n".join(sbatch_lines(job)),
+        workdir=shlex.quote(str(job.workdir)),
+        max_restarts=job.max_restarts,
+        run_selection="\n".join(run_selection(job)),
+        setup=setup,
+        python=shlex.quote(job.python),
+        successor=successor,
+        stop_file=STOP_FILE,
+        launch_command=launch_command(job),
+        preempted=PREEMPTED_EXIT_CODE,
+        continue_chain=continue_chain,
+        cancel_successor=cancel_successor,
+    )
 
 
 # sbatch --time, as SLURM's own parser reads it (src/common/parse_time.c, time_str2secs)

@@ -26,6 +26,8 @@ from typing import Any
 
 from danastar.errors import UserError
 from danastar.launch.user_yaml import read_user_yaml
+from danastar.rundir import metrics
+from danastar.rundir.files import METRICS_FILE
 
 SPECIAL_KEYS = ("preset", "config", "lr_multiplier")
 SHORT_NAMES = {"optim.name": "", "model.heads": "h", "lr_multiplier": "lrx", "train.seed": "s",
@@ -182,22 +184,16 @@ def run_state(run_dir: Path | str, iterations: int | None = None) -> dict:
         recorded = None
     started = recorded is not None
     iterations = recorded if iterations is None else iterations
-    step, final_at = 0, None
     try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        logged = metrics.records(run_dir / METRICS_FILE)
     except OSError:
-        lines = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line cut short by a kill
-            continue
-        step = max(step, int(record.get("step", 0)))
-        if record.get("final") and "val_loss" in record:
-            final_at = record.get("step")
+        logged = []
+    step = max((int(record.get("step", 0)) for record in logged), default=0)
+    final = metrics.final_validation(logged)
+    final_at = None if final is None else final.get("step")
     if iterations is not None and final_at == iterations:
         state = "complete"
-    elif started or lines:
+    elif started or logged:
         state = "partial"
     else:
         state = "new"

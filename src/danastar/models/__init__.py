@@ -13,7 +13,13 @@ from typing import Any
 
 from torch import nn
 
-from danastar.models.config import ARCHITECTURES, ModelConfig, param_counts
+from danastar.models.config import (
+    ARCHITECTURES,
+    ModelConfig,
+    MoEConfig,
+    ParamCounts,
+    param_counts,
+)
 from danastar.models.enoki import Enoki
 from danastar.models.llama import Llama
 from danastar.models.loss import LossOutput, chunked_cross_entropy
@@ -28,15 +34,16 @@ assert tuple(MODELS) == ARCHITECTURES, "each architecture has its ladder and its
 
 def build_model(arch_or_config: str | ModelConfig, **kwargs: Any) -> nn.Module:
     """The model for a ``ModelConfig`` (``kwargs`` replace its fields) or for an arch name
-    (``kwargs`` are the ``ModelConfig`` fields)."""
+    (``kwargs`` are the ``ModelConfig`` fields, flat or nested as ``from_dict`` reads them)."""
     if isinstance(arch_or_config, ModelConfig):
         config = dataclasses.replace(arch_or_config, **kwargs)
     elif arch_or_config in MODELS:
-        config = ModelConfig(arch=arch_or_config, **kwargs)
+        config = ModelConfig.from_dict({"arch": arch_or_config, **kwargs})
     else:
         raise ValueError(f"unknown arch {arch_or_config!r}; valid choices: {', '.join(MODELS)}")
     return MODELS[config.arch](config)
 
 
-__all__ = ["ARCHITECTURES", "MODELS", "Enoki", "Llama", "LossOutput", "ModelConfig", "Qwen3",
-           "Qwen3Next", "Transformer", "build_model", "chunked_cross_entropy", "param_counts"]
+__all__ = ["ARCHITECTURES", "MODELS", "Enoki", "Llama", "LossOutput", "ModelConfig", "MoEConfig",
+           "ParamCounts", "Qwen3", "Qwen3Next", "Transformer", "build_model",
+           "chunked_cross_entropy", "param_counts"]

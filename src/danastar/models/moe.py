@@ -56,7 +56,7 @@ def make_mlp(config: ModelConfig, layer: int) -> nn.Module:
     """Block ``layer``'s MLP: a `MoE` where the config says so, else the architecture's MLP."""
     if config.is_moe_layer(layer):
         return MoE(config)
-    if config.arch == "enoki":
+    if config.ladder.mlp == "gelu":
         return GeluMLP(config.n_embd, config.mlp_hidden)
     return SwiGLU(config.n_embd, config.mlp_hidden)
 
@@ -237,10 +237,11 @@ class MoE(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         dim, hidden = config.n_embd, config.mlp_hidden
-        swiglu = config.arch != "enoki"
-        self.num_routed = config.moe_routed_experts
-        self.top_k = config.moe_num_experts_per_tok
-        self.softmax_order = config.moe_softmax_order
+        swiglu = config.ladder.mlp == "swiglu"
+        moe = config.moe
+        self.num_routed = moe.routed_experts
+        self.top_k = moe.num_experts_per_tok
+        self.softmax_order = moe.softmax_order
         if self.top_k == 1 and self.softmax_order == "topk_softmax":
             warnings.warn("with one expert per token and moe_softmax_order topk_softmax the "
                           "routing weight is always 1, so the LM loss gives the router no "
@@ -248,10 +249,10 @@ class MoE(nn.Module):
                           "train it by the LM loss", stacklevel=2)
         self.router = nn.Linear(dim, self.num_routed, bias=False)
         self.experts = Experts(self.num_routed, dim, hidden, swiglu)
-        self.shared_experts = (Experts(config.moe_num_shared_experts, dim, hidden, swiglu)
-                               if config.moe_num_shared_experts else None)
-        if config.use_gated_shared_expert:
-            self.shared_expert = SwiGLU(dim, config.shared_expert_intermediate_size or hidden)
+        self.shared_experts = (Experts(moe.num_shared_experts, dim, hidden, swiglu)
+                               if moe.num_shared_experts else None)
+        if moe.use_gated_shared_expert:
+            self.shared_expert = SwiGLU(dim, moe.shared_expert_intermediate_size or hidden)
             self.shared_expert_gate = nn.Linear(dim, 1, bias=False)
         else:
             self.shared_expert = self.shared_expert_gate = None
@@ -320,12 +321,13 @@ def collect(model: nn.Module, n_layer: int, config: ModelConfig,
         layer.router_losses = {}
     term: torch.Tensor | float = 0.0
     if training:
-        if config.moe_router_loss == "entropy":
-            term = config.moe_entropy_loss_factor * totals["entropy"]
+        moe = config.moe
+        if moe.router_loss == "entropy":
+            term = moe.entropy_loss_factor * totals["entropy"]
         else:
-            term = config.moe_aux_loss_factor * totals["aux"]
-            if config.moe_router_loss == "load_balancing_z_loss":
-                term = term + config.moe_z_loss_factor * totals["z"]
+            term = moe.aux_loss_factor * totals["aux"]
+            if moe.router_loss == "load_balancing_z_loss":
+                term = term + moe.z_loss_factor * totals["z"]
         term = term / n_layer
     load = torch.stack([m.load for m in layers])
     dropped = sum(m.dropped[0] for m in layers)

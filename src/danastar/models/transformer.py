@@ -135,7 +135,8 @@ class Transformer(nn.Module):
             if non_embedding:
                 total -= sum(p.numel() for p in {self.embed.weight, self.lm_head.weight})
             return total
-        count = param_counts(config)["lr_law_params_active" if active else "lr_law_params"]
+        counts = param_counts(config)
+        count = counts.lr_law_params_active if active else counts.lr_law_params
         if not non_embedding:
             count += embedding_params(config.n_embd, config.padded_vocab_size,
                                       config.tie_embeddings)

@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
@@ -41,6 +41,9 @@ import torch.distributed as dist
 
 from danastar.durable import fsync_file, out_of_space, publish_dir, sha256
 from danastar.errors import UserError
+
+if TYPE_CHECKING:
+    from danastar.config import CheckpointSection
 
 CHECKPOINT_NAME = re.compile(r"^(latest|permanent)-(\d{8})$")
 CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, set aside for inspection
@@ -474,3 +477,15 @@ class Checkpointer:
     def _barrier(self) -> None:
         if self.distributed:
             dist.barrier()
+
+
+def checkpoint_kind(step: int, iterations: int, settings: CheckpointSection,
+                    stopping: bool) -> str | None:
+    """Which checkpoint to write after `step`: "permanent" every `permanent_every` steps, else
+    "latest" every `latest_every` steps, at the end, and before stopping early; None otherwise."""
+    every, permanent = settings.latest_every, settings.permanent_every
+    if permanent > 0 and step % permanent == 0:
+        return "permanent"
+    if step == iterations or (every > 0 and step % every == 0) or stopping:
+        return "latest"
+    return None

@@ -21,21 +21,17 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
 from danastar.config import MODEL_MOE_FIELDS, fit_name
-from danastar.durable import fsync_dir, write_atomic
+from danastar.durable import write_atomic
 from danastar.errors import UserError
 from danastar.optim import get_schedule
+from danastar.rundir.files import RUN_FILE, has_earlier_run
 
-RUN_FILE = "run.json"
-# What an earlier run leaves in its directory; a fresh start moves these into previous-<time>/.
-RUN_FILES = ("checkpoints", "metrics.jsonl", "metrics-superseded.jsonl", "config.yaml",
-             "plan.json", "environment.json", RUN_FILE, "logs", "tensorboard", "wandb")
 # meta.json keys that describe the tokens themselves (other keys, such as caches of checks that
 # a later `danastar prepare` may add, do not make a different dataset).
 DATA_KEYS = ("format", "tokenizer", "vocab_size", "dtype", "eot_id", "source", "train_tokens",
@@ -71,7 +67,8 @@ def run_identity(config, plan, layout, tokens) -> dict[str, Any]:
         **dataset_identity(config.data.dataset, tokens),
     }
     if plan.model.moe:  # a dense run's identity stays what it was before MoE existed
-        identity.update({name: getattr(plan.model, name) for name in MODEL_MOE_FIELDS})
+        flat = plan.model.to_dict()  # the MoE fields by their flat names, as recorded
+        identity.update({name: flat[name] for name in MODEL_MOE_FIELDS})
         identity["moe_budget"] = plan.moe_budget
     return json.loads(json.dumps(identity))  # as it reads back from run.json (tuples → lists)
 
@@ -195,39 +192,6 @@ def recorded_changes(run_dir: Path, identity: dict[str, Any]
         return None
     refused, accepted = changed_settings(record["identity"], identity, step=max(steps))
     return max(steps), refused, accepted
-
-
-# What only a run that trained leaves: config.yaml and plan.json alone are written before the
-# first step too (by `danastar submit`, say), and are no earlier run.
-TRAINED_FILES = ("checkpoints", "metrics.jsonl", RUN_FILE)
-
-
-def has_earlier_run(run_dir: Path) -> bool:
-    return any((run_dir / name).exists() for name in TRAINED_FILES)
-
-
-def move_aside(run_dir: Path) -> Optional[Path]:
-    """Move an earlier run's files into `previous-<UTC time>/` inside the run directory; returns
-    where (None when there was nothing). A rename within one filesystem: nothing is copied."""
-    if not has_earlier_run(run_dir):
-        return None
-    present = [run_dir / name for name in RUN_FILES if (run_dir / name).exists() and name != "logs"]
-    # The per-rank logs go with the run; other files in logs/ (a job's own output, which its
-    # scheduler is still appending to) stay where the job writes them.
-    present += sorted((run_dir / "logs").glob("rank*.log"))
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside, number = run_dir / f"previous-{stamp}", 1
-    while aside.exists():
-        number += 1
-        aside = run_dir / f"previous-{stamp}-{number}"
-    aside.mkdir()
-    for path in present:
-        target = aside / path.relative_to(run_dir)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(path), str(target))
-    fsync_dir(aside)
-    fsync_dir(run_dir)
-    return aside
 
 
 def record_start(run_dir: Path, identity: dict[str, Any], config, layout, step: int,

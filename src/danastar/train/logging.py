@@ -1,13 +1,5 @@
-"""Reporting: the run directory, metrics.jsonl, the console, per-rank logs, wandb, TensorBoard.
-
-Run directory layout (see docs/training.md):
-
-    <run_dir>/config.yaml        the resolved config
-    <run_dir>/environment.json   git revision and dirty status, versions, host, world size
-    <run_dir>/metrics.jsonl      one JSON object per line: {"step": ..., "train_loss" | "val_loss":
-                             ...}
-    <run_dir>/logs/rank<r>.log   what each rank said
-    <run_dir>/checkpoints/       see train/checkpoint.py
+"""Reporting: metrics.jsonl, the console, per-rank logs, wandb, TensorBoard (the run
+directory's files are named in rundir/files.py).
 
 Only rank 0 writes metrics, the console and the trackers; every rank writes its own log.
 wandb and tensorboard are imported only when asked for.
@@ -28,8 +20,11 @@ from typing import Any, Optional
 
 import torch
 
-from danastar.durable import write_atomic
 from danastar.errors import UserError
+from danastar.rundir.files import LOGS_DIR, METRICS_FILE
+from danastar.rundir.files import SUPERSEDED_FILE as SUPERSEDED_FILE  # also known here
+from danastar.rundir.metrics import records as read_metrics  # noqa: F401 (also known here)
+from danastar.rundir.metrics import truncate as truncate_metrics
 
 # Dense bf16 peak FLOP/s of common accelerators, matched against the device name (first match wins).
 PEAK_FLOPS = {
@@ -97,43 +92,17 @@ def git(args: list[str], cwd: Path) -> Optional[str]:
 
 def rank_logger(run_dir: Path, rank: int) -> logging.Logger:
     """A logger writing to <run_dir>/logs/rank<r>.log (and nowhere else)."""
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
     logger = logging.getLogger(f"danastar.train.rank{rank}")
     logger.setLevel(logging.INFO)
     logger.propagate = False
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
-    handler = logging.FileHandler(run_dir / "logs" / f"rank{rank}.log")
+    handler = logging.FileHandler(run_dir / LOGS_DIR / f"rank{rank}.log")
     handler.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(message)s"))
     logger.addHandler(handler)
     return logger
-
-
-SUPERSEDED_FILE = "metrics-superseded.jsonl"
-
-
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop lines logged after `last_step` (a resumed run logs those steps again), so that
-    metrics.jsonl describes the weights; the dropped lines are appended to
-    `metrics-superseded.jsonl` beside it, never lost."""
-    if not path.exists():
-        return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line)["step"] <= last_step]
-    if len(kept) == len(lines):
-        return
-    dropped = [line for line in lines if json.loads(line)["step"] > last_step]
-    with open(path.with_name(SUPERSEDED_FILE), "a") as superseded:
-        superseded.write("".join(line + "\n" for line in dropped))
-        superseded.flush()
-        os.fsync(superseded.fileno())
-    write_atomic(path, "".join(line + "\n" for line in kept))
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl as a list of dictionaries."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 class RunLogger:
@@ -159,7 +128,7 @@ class RunLogger:
         self.bar = None
         self.wandb_run = None
         self.tensorboard = None
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path = self.run_dir / METRICS_FILE
         self.metrics_file = None
         if start_step is not None:
             self.start(start_step, resumed)

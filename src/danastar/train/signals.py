@@ -1,5 +1,5 @@
 """Stopping cleanly: SIGTERM, SIGUSR1 (preemption) and SIGINT (Ctrl-C) ask the run to save a
-checkpoint and stop.
+checkpoint and stop (the codes and signals are the run directory's protocol: rundir/exits.py).
 
 The handler only sets a flag; the loop checks it after each optimizer step (all ranks agree
 through an all-reduce), saves, and exits with `PREEMPTED_EXIT_CODE` after SIGTERM/SIGUSR1 so
@@ -20,10 +20,8 @@ import os
 import signal
 import time
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: a temporary failure, try again (requeue and resume)
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what shells report after Ctrl-C
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-STOP_SIGNALS = (*PREEMPTION_SIGNALS, signal.SIGINT)
+from danastar.rundir.exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, STOP_SIGNALS
+
 DUPLICATE_WINDOW_S = 0.5
 
 

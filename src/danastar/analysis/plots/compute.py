@@ -1,0 +1,221 @@
+"""Loss and compute multipliers against compute: the scaling figure, the validation curves,
+the multipliers within one size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from danastar.analysis import budgets, fits, multiplier
+from danastar.analysis.plots.style import (
+    colour,
+    display_name,
+    group_label,
+    linestyle,
+    new_figure,
+    params_label,
+    plain_log_axis,
+    shade,
+)
+from danastar.analysis.records import Run, dataset_labels
+from danastar.analysis.table import Best, check_baseline
+from danastar.errors import UserError
+
+
+def scaling(best: Sequence[Best], baseline: str = "adamw", fit: str = "auto"):
+    """Compute multiplier against ``baseline`` (left) and validation loss (right, log) against
+    compute in PFH (log), measured (squares, solid; hollow when extrapolated) and fitted
+    (dashed); total parameters of the baseline's sizes on the top axis.
+
+    ``fit``: "broken", "single", "none", or "auto": broken with 6 or more sizes per optimizer
+    (4 parameters per curve), single with 3 to 5, none below."""
+    base_points = check_baseline(best, baseline)
+    curves: dict[str, list[Best]] = {}
+    for b in best:
+        curves.setdefault(b.optimizer, []).append(b)
+    for points in curves.values():
+        points.sort(key=lambda b: b.pfh)
+    smallest = min(len(points) for points in curves.values())
+    if fit == "auto":  # a curve needs more points than its 2 or 4 parameters
+        fit = "broken" if smallest >= 6 else "single" if smallest >= 3 else "none"
+    joint = None
+    if fit != "none":
+        joint = fits.fit_power_laws(
+            {name: ([b.pfh for b in pts], [b.loss.mean for b in pts])
+             for name, pts in curves.items()}, broken=fit == "broken")
+    fit = joint
+    figure, (ax,) = new_figure(8.0, 5.0)
+    ax_loss = ax.twinx()
+    c_min = min(b.pfh for b in best)
+    c_max = max(b.pfh for b in best)
+    for name, pts in curves.items():
+        base = pts[0].base_optimizer
+        col, label = colour(base), group_label(name, base)
+        pfh = np.array([b.pfh for b in pts])
+        loss = np.array([b.loss.mean for b in pts])
+        se = np.array([0.0 if np.isnan(b.loss.se) else b.loss.se for b in pts])
+        ax_loss.errorbar(pfh, loss, yerr=se, fmt="o", color=col, alpha=0.8, markersize=5)
+        if fit is not None:
+            grid = np.geomspace(0.5 * c_min, 2 * c_max, 200)
+            ax_loss.plot(grid, fit.predict(name, grid), "--", color=col, alpha=0.5, linewidth=1)
+        if name == baseline:
+            ax.axhline(1.0, color=col, linewidth=1.5, label=f"{label} (baseline)")
+            continue
+        measured = multiplier.measured_multipliers(base_points, list(zip(pfh, loss)))
+        ax.plot(pfh, [m.multiplier for m in measured], "-", color=col, linewidth=1.5,
+                label=f"{label} measured")
+        for m in measured:
+            hollow = m.kind != multiplier.INTERPOLATED
+            ax.plot(m.compute, m.multiplier, "s", color=col, markersize=7,
+                    markerfacecolor="white" if hollow else col)
+        if fit is not None:
+            cs, ms = multiplier.fitted_multipliers(
+                lambda c: fit.predict(baseline, c), lambda c, n=name: fit.predict(n, c),
+                c_min, c_max, floor=fit.floor)
+            ax.plot(cs, ms, "--", color=col, linewidth=1.2, label=f"{label} fitted")
+    ax.set_xscale("log")
+    ax_loss.set_yscale("log")
+    plain_log_axis(ax_loss.yaxis)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("compute (PFH)")
+    ax.set_ylabel(f"compute multiplier vs {display_name(baseline)} (bigger is better)")
+    ax_loss.set_ylabel("validation loss (circles; fit dashed)")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(loc="upper left", fontsize=8)
+    top = ax.twiny()
+    top.set_xscale("log")
+    top.set_xlim(ax.get_xlim())
+    baseline_best = sorted((b for b in best if b.optimizer == baseline), key=lambda b: b.pfh)
+    top.set_xticks([b.pfh for b in baseline_best])
+    top.set_xticklabels([params_label(b.total_params) for b in baseline_best], fontsize=8)
+    top.minorticks_off()
+    top.set_xlabel("total parameters")
+    subtitle = (f"joint {'broken ' if fit.broken else ''}power-law fit, R² = {fit.r2:.3f}"
+                if fit is not None else "too few sizes for a fit (needs 3 per optimizer)")
+    ax.set_title(f"Compute multiplier and loss vs compute ({subtitle}; hollow: extrapolated)",
+                 fontsize=9)
+    figure.fit = fit  # for the command's summary and the tests
+    return figure
+
+
+def best_lr_curves(runs: Sequence[Run]) -> list[Run]:
+    """The runs of each optimizer's best LR per size (`table.best_per_size`: at the sweep
+    budget, every seed), in the order of the table."""
+    from danastar.analysis.table import best_per_size
+
+    return [run for best in best_per_size(runs)
+            for run in sorted(best.runs, key=lambda r: r.seed)]
+
+
+def curves(runs: Sequence[Run], x: str = "compute", best: bool = False):
+    """Validation loss against compute (PFH), tokens or steps, log-log: one colour per
+    optimizer, one shade per size (darker is larger); partial runs thinner. Runs on several
+    datasets: each label names its dataset. With ``best``, only each optimizer's best-LR runs
+    per size (`best_lr_curves`): its first seed drawn full, the other seeds thin, the LR in
+    the label."""
+    if best:
+        runs = best_lr_curves(runs)
+    figure, (ax,) = new_figure()
+    sizes = sorted({r.lr_law_params for r in runs})
+    datasets = dataset_labels(runs)
+    seen = set()
+    drawn = 0
+    first_seed = {}
+    for run in sorted(runs, key=lambda r: (r.group, r.lr_law_params, r.lr, r.seed)):
+        xs, ys = run.curve(x)
+        keep = [(a, b) for a, b in zip(xs, ys) if a > 0]
+        if not keep:
+            continue
+        base = run.optimizer
+        label = f"{group_label(run.group, base)} {run.arch} h{run.heads}"
+        if best:
+            label += f" lr {run.lr:.3g}"
+        if len(datasets) > 1:
+            label += f" on {datasets[run.data]}"
+        another_seed = best and first_seed.setdefault(label, run) is not run
+        ax.plot(*zip(*keep), linestyle=linestyle(base), marker=None if another_seed else ".",
+                markersize=3, alpha=0.5 if another_seed else 1.0,
+                linewidth=0.7 if another_seed or not run.complete else 1.4,
+                color=shade(colour(base), sizes.index(run.lr_law_params), len(sizes)),
+                label=None if label in seen else label)
+        seen.add(label)
+        drawn += 1
+    if not drawn:
+        raise UserError("no run has a validation loss after step 0 yet; wait for the first "
+                        "evaluation.")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    plain_log_axis(ax.yaxis)
+    ax.set_xlabel({"compute": "compute (PFH)", "tokens": "tokens", "steps": "steps"}[x])
+    ax.set_ylabel("validation loss")
+    ax.grid(True, which="both", alpha=0.2)
+    if len(seen) > 8:  # beside the axes, on a wider figure: over them it hides the first points
+        figure.set_size_inches(10.5, 4.5)
+        figure.legend(fontsize=7, loc="outside right upper")
+    else:
+        ax.legend(fontsize=7, ncols=2)
+    shades = "one colour per optimizer, darker = larger"
+    ax.set_title(f"Validation loss at each optimizer's best LR per size\n(thin: other seeds; "
+                 f"{shades})" if best else f"Validation loss ({shades})", fontsize=9)
+    return figure
+
+
+def within_size(results: Sequence[budgets.BudgetMultiplier], baseline: str = "adamw"):
+    """Per size, against the baseline at that size: the compute multiplier (left; mean ± s.e.
+    over seeds, filled at the sweep budget, hollow at the other budgets, a cross where read off
+    an extrapolation of the baseline's curve) and the fraction of its steps each optimizer took
+    to reach the baseline's final loss (right; below 1: it got there sooner)."""
+    figure, (left, right) = new_figure(5.5, 4.5, ncols=2)
+    groups: dict[str, list[budgets.BudgetMultiplier]] = {}
+    for result in results:
+        groups.setdefault(result.optimizer, []).append(result)
+    sizes = sorted({r.heads for r in results})
+    offsets = np.linspace(-0.12, 0.12, max(1, len(groups)))
+    missed: list[str] = []  # some seed did not reach the baseline's loss in its steps
+    for offset, (group, rows) in zip(offsets, sorted(groups.items())):
+        base = group.split(" ")[0]
+        main_steps = {r.heads: max((x for x in rows if x.heads == r.heads),
+                                   key=lambda x: len(x.seeds)).iterations for r in rows}
+        labelled = right_labelled = False
+        for r in rows:
+            x = sizes.index(r.heads) + offset
+            main = r.iterations == main_steps[r.heads]
+            se = 0.0 if math.isnan(r.multiplier.se) else r.multiplier.se
+            left.errorbar(x, r.multiplier.mean, yerr=se, fmt="x" if r.extrapolated else "o",
+                          color=colour(base), mfc=colour(base) if main else "none",
+                          markersize=7 if main else 5, capsize=3,
+                          label=group_label(group, base) if main and not labelled else None)
+            labelled = labelled or main
+            if main and r.steps_fraction is not None:
+                fse = 0.0 if math.isnan(r.steps_fraction.se) else r.steps_fraction.se
+                right.errorbar(x, r.steps_fraction.mean, yerr=fse, fmt="o", color=colour(base),
+                               capsize=3,
+                               label=None if right_labelled else group_label(group, base))
+                right_labelled = True
+            elif main:
+                missed.append(f"{group_label(group, base)} at h{r.heads}")
+    ticks = [f"h{h}\n{params_label(next(r for r in results if r.heads == h).total_params)}"
+             for h in sizes]
+    if missed:
+        # a fraction is at most 1, so the band above the baseline's line is free: list there
+        # the runs where some seed missed the baseline's loss (about 3% of the height per line)
+        bottom = min(right.get_ylim()[0], 0.95)
+        share = min(0.6, 0.034 * (len(missed) + 2))
+        right.set_ylim(bottom, 1 + (1 - bottom) * share / (1 - share))
+        right.text(0.02, 0.98, "not reached by every seed:\n" + "\n".join(missed), fontsize=7,
+                   transform=right.transAxes, va="top")
+    for ax in (left, right):
+        ax.axhline(1.0, color=colour(baseline), linewidth=1, label=display_name(baseline))
+        ax.set_xlim(-0.5, len(sizes) - 0.5)
+        ax.set_xticks(range(len(sizes)), ticks)
+        ax.set_xlabel("model size (heads, total parameters)")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    left.set_ylabel(f"compute multiplier vs {display_name(baseline)} (bigger is better)")
+    left.set_title("filled: sweep budget; hollow: other budgets; x: extrapolated", fontsize=9)
+    right.set_ylabel(f"fraction of steps to reach {display_name(baseline)}'s final loss")
+    right.set_title("sweep budget, same seed (smaller is better)", fontsize=9)
+    return figure

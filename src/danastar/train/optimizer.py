@@ -1,0 +1,27 @@
+"""The planned optimizer over a model's parameter groups, and its LR schedule."""
+
+from __future__ import annotations
+
+from danastar.config import TrainConfig, schedule_options
+from danastar.errors import UserError
+from danastar.optim import build_optimizer, get_schedule
+
+
+def make_optimizer(plan, config: TrainConfig, param_groups: list[dict]):
+    """The planned optimizer over `param_groups` and its LR schedule.
+
+    Both check their hyperparameters (ValueError); a bad value is the user's to fix.
+    """
+    try:
+        # The state's dtype is passed only when asked for: other optimizers do not take it.
+        state = {"state_dtype": config.optim.state_dtype} \
+            if config.optim.state_dtype != "float32" else {}
+        optimizer = build_optimizer(plan.opt, param_groups, lr=plan.lr, **plan.optimizer_hparams,
+                                    **state)
+        schedule = get_schedule(config.optim.scheduler, plan.warmup_steps, plan.iterations,
+                                **schedule_options(config))
+    except ValueError as error:
+        raise UserError(f"{plan.opt} with schedule {config.optim.scheduler} cannot run this "
+                        f"plan ({str(error).rstrip('.')}); change the optimizer settings or "
+                        f"--iterations.") from None
+    return optimizer, schedule

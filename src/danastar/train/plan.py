@@ -1,0 +1,339 @@
+"""Planning a run without training it: the library that `danastar train`, `submit` and `sweep`
+call. `planned_run` resolves the plan, the batch layout, the corpus epochs, the compute and the
+run directory, refusing (one sentence, before any process starts or file is written) what
+training would refuse; `check_resume` refuses a resume training would refuse; `measure_step`
+times a step of the planned model on this machine for the dry run's estimate."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+from danastar.config import (
+    TrainConfig,
+    batch_layout,
+    check_run_dir,
+    make_run_plan,
+    model_config,
+    repetition_warning,
+    schedule_options,
+)
+from danastar.data.prepared import META_FILE, RAW_META, prepared_format
+from danastar.errors import UserError
+from danastar.scaling import Plan
+
+
+def planned_run(config: TrainConfig, world_size: int | None = None, run_dir: Path | None = None,
+                run_dir_note: str | None = None) -> tuple[Plan, dict]:
+    """The run's plan, and with it the dry run's JSON-ready record (see `dry_run`)."""
+    from danastar.train.identity import planned_run_dir
+
+    if world_size is None:  # `danastar submit` knows the world it asks SLURM for
+        world_size = int(os.environ.get("WORLD_SIZE", config.parallel.nproc))
+    layout = batch_layout(config, world_size)
+    vocab_size, vocab_from = planned_vocab_size(config.data.dataset)
+    plan = make_run_plan(config, vocab_size, layout.data_parallel_size)
+    model = check_optimizer_settings(plan, config)
+    if run_dir is None:
+        run_dir, run_dir_note = planned_run_dir(config, world_size)
+    check_run_dir(run_dir)
+    corpus_tokens, corpus_from = planned_train_tokens(config.data.dataset)
+    flops_per_token = model.flops_per_token(layout.sequence_length)
+    return plan, {
+        "plan": plan.to_dict(),
+        "batch_layout": layout.to_dict(),
+        "schedule": {"name": config.optim.scheduler, **schedule_options(config)},
+        "dataset": config.data.dataset,
+        "vocab_size_from": vocab_from,
+        # how many times the run reads the corpus (None: not known before it is prepared)
+        "corpus": {"train_tokens": corpus_tokens, "train_tokens_from": corpus_from,
+                   "epochs": plan.tokens / corpus_tokens if corpus_tokens else None},
+        # training FLOPs: 6·N per token for the weights, plus attention (as for the MFU)
+        "compute": {"flops_per_token": flops_per_token, "flops": flops_per_token * plan.tokens},
+        "run_dir": str(run_dir),
+        "run_dir_note": run_dir_note,
+        "config": config.to_dict(),
+    }
+
+
+def dry_run(config: TrainConfig, world_size: int | None = None, run_dir: Path | None = None,
+            run_dir_note: str | None = None) -> dict:
+    """The resolved plan, batch layout, corpus epochs, compute, run directory and config as
+    JSON-ready data; needs no data on disk. `run_dir` (with its `planned_run_dir` note): where
+    the caller will run it; None: where `danastar train` would."""
+    return planned_run(config, world_size, run_dir, run_dir_note)[1]
+
+
+def planned_warning(planned: dict) -> str | None:
+    """The plan's one-line warning when it reads its corpus too many times (see
+    `repetition_warning`)."""
+    plan = planned["plan"]
+    return repetition_warning(plan["tokens"], plan["tokens_per_step"],
+                              planned["corpus"]["train_tokens"], planned["dataset"])
+
+
+def check_resume(config: TrainConfig, run_dir: Path, world_size: int) -> None:
+    """Refuse, as training would when it resumes (the same sentence), to continue the run that
+    `run_dir` holds with settings that change its trajectory. Reads the directory, writes nothing;
+    data not prepared yet is compared by training once it is."""
+    from danastar.train import identity
+    from danastar.train.data import open_tokens
+
+    if not config.checkpoint.auto_resume or not identity.has_earlier_run(run_dir):
+        return  # training starts afresh there, moving an earlier run aside
+    tokens = open_tokens(config, prepare=False)
+    if tokens is None:
+        return
+    changes = identity.recorded_changes(run_dir, identity.planned_identity(config, world_size,
+                                                                          tokens))
+    if changes is not None and changes[1]:
+        step, refused, _accepted = changes
+        raise identity.refusal(run_dir, step, refused)
+
+
+def check_optimizer_settings(plan, config: TrainConfig):
+    """Build the planned optimizer and schedule over the real model's parameter groups, with the
+    model built on the meta device (no memory, no initialisation), so that a dry run rejects the
+    settings training would reject; returns that model (for its FLOPs)."""
+    import torch
+
+    from danastar.models import build_model
+    from danastar.train.optimizer import make_optimizer
+
+    with torch.device("meta"):
+        model = build_model(model_config(config, plan))
+    make_optimizer(plan, config, model.param_groups(plan.weight_decay))
+    return model
+
+
+def planned_vocab_size(dataset: str) -> tuple[int, str]:
+    """(vocabulary size, where it comes from) of a dataset, prepared or not."""
+    from danastar.data import prepare, sources
+
+    gpt2_vocab_size = RAW_META["vocab_size"]  # what raw token files hold (FineWeb's tokenizer too)
+    path = Path(dataset).expanduser()
+    for directory in (path, prepare.default_data_dir(dataset)):
+        layout = prepared_format(directory) if directory.is_dir() else None
+        if layout == "meta":
+            meta = prepare.read_meta(directory)
+            if meta is None or not isinstance(meta.get("vocab_size"), int):
+                if dataset in prepare.AUTO_PREPARED and directory != path:
+                    continue  # training prepares this default directory again before it starts
+                from danastar.data.prepared import repair_command
+
+                raise UserError(f"{directory / META_FILE} is unreadable; repair the directory "
+                                f"with {repair_command(directory, meta)}.")
+            return int(meta["vocab_size"]), f"{directory / META_FILE}"
+        if layout == "raw":
+            return gpt2_vocab_size, "raw GPT-2 train.bin/val.bin"
+    if dataset == "synthetic":
+        from danastar.train.data import SYNTHETIC_VOCAB_SIZE
+
+        return SYNTHETIC_VOCAB_SIZE, "the synthetic source"
+    if dataset in sources.SOURCES and dataset != "fineweb":
+        return sources.Corpus.default_vocab_size, f"the BPE {dataset} is prepared with on first use"
+    return gpt2_vocab_size, "GPT-2 (fineweb's tokenizer; assumed for data not prepared yet)"
+
+
+def planned_train_tokens(dataset: str) -> tuple[int | None, str]:
+    """(training tokens, where the number comes from) of a dataset, prepared or not; None where
+    it is not known before the data is prepared."""
+    from danastar.data import prepare, sources
+
+    if dataset == "synthetic":
+        from danastar.train.data import SYNTHETIC_TRAIN_TOKENS
+
+        return SYNTHETIC_TRAIN_TOKENS, "the synthetic source"
+    path = Path(dataset).expanduser()
+    for directory in (path, prepare.default_data_dir(dataset)):
+        layout = prepared_format(directory) if directory.is_dir() else None
+        if layout == "meta":
+            tokens = (prepare.read_meta(directory) or {}).get("train_tokens")
+            if isinstance(tokens, int):
+                return tokens, str(directory / META_FILE)
+        elif layout == "raw" and (directory / "train.bin").is_file():
+            train = directory / "train.bin"  # the original release's uint16 GPT-2 tokens
+            return train.stat().st_size // 2, str(train)
+    if dataset == "shakespeare":
+        return sources.SHAKESPEARE_TRAIN_TOKENS, ("what `danastar prepare shakespeare` gives (not "
+                                                  "prepared yet)")
+    return None, f"{dataset} is not prepared yet"
+
+
+# ----------------------------------------------------------------------------------------------
+# The dry run's time estimate: a step of the planned model measured on this machine
+
+def estimated_time(config: TrainConfig, planned: dict, plan: Plan | None = None) -> str:
+    """The training steps' time on this machine, from a forward/backward pass and an optimizer
+    step of the planned model measured here (evaluations not counted); or why not."""
+    measured = measure_step(config, planned, plan)
+    if isinstance(measured, str):
+        return measured
+    seconds, device, how = measured
+    processes = planned["batch_layout"]["world_size"]
+    on = (f"this {device}" if processes == 1
+          else f"{processes} processes, each on a {device} like this one")
+    return (f"about {duration(seconds * planned['plan']['iterations'])} on {on}, without "
+            f"evaluations ({how})")
+
+
+def measure_step(config: TrainConfig, planned: dict, plan: Plan | None = None
+                 ) -> tuple[float, str, str] | str:
+    """(seconds per optimizer step of one process, the device, how it was measured), or why it
+    was not. The forward/backward pass is timed on batches grown from one short sequence
+    towards the run's micro-batch for a few seconds at most; the last two give its fixed cost
+    and its FLOP rate (the model's FLOPs per token, as for the MFU), scaled to the run's batch.
+    One optimizer step is timed as it is. `plan`: the run's (None: planned again)."""
+    import torch
+
+    from danastar.train.parallel import choose_device
+
+    try:
+        device = choose_device(config.train.device)
+    except UserError as error:
+        return f"not estimated: {str(error).rstrip('.')}"
+    layout = planned["batch_layout"]
+    if plan is None:
+        plan = make_run_plan(config, planned["plan"]["vocab_size"], layout["data_parallel_size"])
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    need = plan.exact_total_params * 4 * 4  # weights, gradients and two optimizer states (fp32)
+    free = free_memory(device)
+    if free is not None and need > free // 2:
+        return (f"not estimated: the model with its gradients and optimizer state (about "
+                f"{need / 2**30:.1f} GiB) would not fit in half of this {name}'s "
+                f"{free / 2**30:.1f} GiB free")
+    timer = StepTimer(config, plan, device)
+    full_batch, full_length = layout["micro_batch_per_rank"], layout["sequence_length"]
+    shapes, times = timer.grown_passes(full_batch, full_length)
+    # A pass costs a fixed time (one call per operation, whatever the batch) plus its FLOPs at
+    # some rate: from the last two shapes, both; from one, the rate alone.
+    flops = [timer.model.flops_per_token(length) * batch * length for batch, length in shapes]
+    rate = flops[-1] / times[-1]
+    if len(times) > 1 and times[-1] > times[-2]:
+        rate = (flops[-1] - flops[-2]) / (times[-1] - times[-2])
+    fixed = max(0.0, times[-1] - flops[-1] / rate)
+    optimizer_seconds = timer.optimizer_step()
+    micro_step = fixed + timer.model.flops_per_token(full_length) * full_batch * full_length / rate
+    seconds = layout["acc_steps"] * micro_step + optimizer_seconds
+    measured = " and ".join(f"{batch} × {length}" for batch, length in shapes[-2:])
+    return seconds, name, (f"measured here: forward/backward passes of {measured} tokens, "
+                           f"{rate:.3g} FLOP/s beyond a fixed {duration(fixed)} per pass, "
+                           f"scaled to the batch; an optimizer step of "
+                           f"{duration(optimizer_seconds)}")
+
+
+class StepTimer:
+    """The planned model on `device`, its passes and its optimizer step timed."""
+
+    def __init__(self, config: TrainConfig, plan: Plan, device) -> None:
+        import torch
+
+        from danastar.models import build_model
+        from danastar.train.loop import autocast_context
+
+        self.config, self.plan, self.device = config, plan, device
+        torch.manual_seed(0)
+        with torch.device(device):
+            self.model = build_model(model_config(config, plan))
+        self.model.train()
+        self.autocast = autocast_context(config, device)
+
+    def synchronize(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def forward_backward(self, batch: int, length: int) -> float:
+        import torch
+
+        tokens = torch.randint(self.plan.vocab_size, (batch, length), device=self.device)
+        self.synchronize()
+        started = time.perf_counter()
+        with self.autocast:
+            out = self.model(tokens, tokens)
+        out.loss.backward()
+        self.synchronize()
+        return time.perf_counter() - started
+
+    def timed(self, batch: int, length: int) -> float:
+        # after a first pass that tunes the new shape on a GPU, the faster of two passes when
+        # they are short (and so easily delayed by whatever else the machine runs)
+        if self.device.type == "cuda":
+            self.forward_backward(batch, length)
+        first = self.forward_backward(batch, length)
+        return first if first > 0.5 else min(first, self.forward_backward(batch, length))
+
+    def grown_passes(self, full_batch: int, full_length: int
+                     ) -> tuple[list[tuple[int, int]], list[float]]:
+        """The shapes timed and their times: from one sequence of 32 tokens, or of as many
+        (32 · 4^k) as fit in about 2 GFLOPs (a fraction of a second on a CPU: a small model's
+        passes are then not all fixed costs), grown towards the run's micro-batch for a few
+        seconds, while the next pass (up to four times longer) stays short."""
+        batch, length = 1, min(full_length, 32)
+        while length * 4 <= full_length and \
+                self.model.flops_per_token(length * 4) * length * 4 <= 2e9:
+            length *= 4
+        self.forward_backward(batch, length)  # the first pass allocates
+        shapes = [(batch, length)]
+        times = [self.timed(batch, length)]
+        passes = 3 if self.device.type == "cuda" else 2
+        while (batch, length) != (full_batch, full_length) and sum(times) * passes < 4 and \
+                times[-1] * passes < 2:
+            if length < full_length:
+                length = min(full_length, length * 4)
+            else:
+                batch = min(full_batch, batch * 4)
+            shapes.append((batch, length))
+            times.append(self.timed(batch, length))
+        return shapes, times
+
+    def optimizer_step(self) -> float:
+        """Seconds of one optimizer step (the faster of two: a step is short, and easily
+        delayed), after a first that creates the optimizer's state."""
+        from danastar.train.optimizer import make_optimizer
+
+        optimizer, _ = make_optimizer(self.plan, self.config,
+                                      self.model.param_groups(self.plan.weight_decay))
+        optimizer.step()
+        seconds = math.inf
+        for _ in range(2):
+            self.synchronize()
+            started = time.perf_counter()
+            optimizer.step()
+            self.synchronize()
+            seconds = min(seconds, time.perf_counter() - started)
+        return seconds
+
+
+def free_memory(device) -> int | None:
+    """Bytes free on `device` (a CPU: the memory available to new processes), None if unknown."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def duration(seconds: float) -> str:
+    """A time as a person says it: 0.12 s, 45 s, 12 min, 2 h 10 min, 3.5 days."""
+    if seconds < 1:
+        return f"{seconds:.2g} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        hours, minutes = divmod(round(seconds / 60), 60)
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days = seconds / 86400
+    return f"{days:.1f} days" if days < 100 else f"{days:,.0f} days"
