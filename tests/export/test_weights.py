@@ -15,7 +15,8 @@ from danastar.train.weights import MODEL_CONFIG_FILE, load_weights
 def test_a_run_gives_its_weights_shape_and_record(runs, corpus):
     weights = load_weights(runs["qwen3next"])
     config = weights.model_config
-    assert (config.arch, config.moe_num_experts, config.mlp_only_layers) == ("qwen3next", 4, (1,))
+    assert (config.arch, config.moe.num_experts,
+            config.moe.mlp_only_layers) == ("qwen3next", 4, (1,))
     assert config.vocab_size == 300 and config.max_seq_len == 32
     assert weights.step == 3 and weights.layout == "single" and weights.tokens == 3 * 4 * 32
     assert weights.checkpoint == runs["qwen3next"] / "checkpoints" / "latest-00000003"

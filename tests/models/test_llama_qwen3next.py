@@ -63,7 +63,7 @@ def test_llama_tensor_parallel_plan_splits_whole_heads_and_mlp_columns():
 def test_qwen3next_layer_rule():
     config = tiny_config("qwen3next", n_layer=8, moe=True, decoder_sparse_step=2,
                          mlp_only_layers=[2])
-    assert config.mlp_only_layers == (2,)  # lists (JSON, YAML) become tuples
+    assert config.moe.mlp_only_layers == (2,)  # lists (JSON, YAML) become tuples
     model = build_model(config)
     assert isinstance(model, Qwen3Next)
     moe = [i for i, block in enumerate(model.blocks) if isinstance(block.mlp, MoE)]

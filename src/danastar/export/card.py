@@ -21,8 +21,8 @@ def model_card(weights: Weights, mapping: Mapping, max_error: float, tokenizer_n
     config, identity = weights.model_config, weights.identity
     moe = ""
     if config.moe:
-        moe = (f", mixture of experts ({config.moe_num_experts} experts, "
-               f"{config.moe_num_experts_per_tok} per token)")
+        moe = (f", mixture of experts ({config.moe.num_experts} experts, "
+               f"{config.moe.num_experts_per_tok} per token)")
     loading = ("AutoModelForCausalLM.from_pretrained(path)" if mapping.native else
                "AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)")
     tokenizer_line = ("tokenizer = AutoTokenizer.from_pretrained(path)\n"

@@ -54,10 +54,10 @@ def why_not_native(config: ModelConfig) -> str:
         return f"the residual scale {config.residual_scale:g} has no transformers counterpart"
     if config.moe and config.arch == "llama":
         return "Llama with mixture-of-experts MLPs has no transformers class"
-    if config.moe and not config.use_gated_shared_expert:
+    if config.moe and not config.moe.use_gated_shared_expert:
         return ("a mixture of experts without Qwen3-Next's gated shared expert has no "
                 "transformers class with danastar's gated attention")
-    if config.moe and config.moe_num_shared_experts:
+    if config.moe and config.moe.num_shared_experts:
         return "plain (ungated) shared experts have no counterpart in Qwen3-Next"
     return ""
 
@@ -163,12 +163,12 @@ def _qwen3next(config: ModelConfig, state: dict[str, torch.Tensor]) -> Mapping:
     fields = {**_common(config), "model_type": "qwen3_next",
               "layer_types": ["full_attention"] * config.n_layer, "num_experts": 0}
     if config.moe:
-        fields.update(num_experts=config.moe_routed_experts,
-                      num_experts_per_tok=config.moe_num_experts_per_tok,
+        fields.update(num_experts=config.moe.routed_experts,
+                      num_experts_per_tok=config.moe.num_experts_per_tok,
                       moe_intermediate_size=config.mlp_hidden,
-                      shared_expert_intermediate_size=(config.shared_expert_intermediate_size
+                      shared_expert_intermediate_size=(config.moe.shared_expert_intermediate_size
                                                        or config.mlp_hidden),
-                      norm_topk_prob=config.moe_softmax_order == "topk_softmax",
+                      norm_topk_prob=config.moe.softmax_order == "topk_softmax",
                       decoder_sparse_step=1,  # the MoE layers are listed below instead
                       mlp_only_layers=[i for i in range(config.n_layer)
                                        if i not in moe_layers(config)])

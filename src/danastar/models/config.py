@@ -314,15 +314,6 @@ class ModelConfig:
         if self.moe is not None:
             self.moe.check(self.arch, self.n_layer)
 
-    def __getattr__(self, name: str) -> Any:
-        # Code and records written before MoEConfig read the MoE fields by their flat names
-        # (``config.moe_num_experts``); they resolve through the one table of those names.
-        if name in MOE_FLAT_NAMES:
-            return (self.moe or MoEConfig()).flat()[name]
-        if name == "moe_routed_experts":
-            return (self.moe or MoEConfig()).routed_experts
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     def is_moe_layer(self, layer: int) -> bool:
         """Whether block ``layer`` has a mixture of experts as its MLP: every block of a MoE
         model unless ``moe`` leaves it dense (qwen3next's ``mlp_only_layers`` and

@@ -250,7 +250,8 @@ def apply_expert_parallel(model: nn.Module, env: Distributed) -> None:
     """
     from danastar.models.expert_parallel import apply_expert_parallel as shard_experts
 
-    capacity = getattr(model.config, "moe_expert_capacity_factor", 0.0)
+    moe = getattr(model.config, "moe", None)
+    capacity = moe.expert_capacity_factor if moe else 0.0
     names = shard_experts(model, env.mesh["ep"], capacity)
     if not names:
         raise UserError(f"--ep_size {env.ep_size} found no MoE layer to split; add --moe.")
