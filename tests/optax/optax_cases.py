@@ -88,7 +88,13 @@ def run_optax(name, start, grads, factors, dtype, **hparams) -> list[np.ndarray]
 
 
 def run_transformation(optimizer, start, grads, dtype) -> list[np.ndarray]:
-    params = [jnp.asarray(p, dtype=dtype) for p in start]
+    params, _ = run(optimizer, [jnp.asarray(p, dtype=dtype) for p in start], grads)
+    return [np.asarray(param).astype(np.float64) for param in params]
+
+
+def run(optimizer, params, grads):
+    """``optimizer`` under jit over ``grads`` (cast to each parameter's dtype); the last
+    parameters and state."""
     state = optimizer.init(params)
 
     @jax.jit
@@ -97,8 +103,9 @@ def run_transformation(optimizer, start, grads, dtype) -> list[np.ndarray]:
         return optax.apply_updates(params, updates), state
 
     for step_grads in grads:
-        params, state = step(params, state, [jnp.asarray(g, dtype=dtype) for g in step_grads])
-    return [np.asarray(param).astype(np.float64) for param in params]
+        step_grads = jax.tree.map(lambda g, p: jnp.asarray(g, p.dtype), step_grads, params)
+        params, state = step(params, state, step_grads)
+    return params, state
 
 
 def as_stored(values, dtype: torch.dtype) -> np.ndarray:

@@ -23,7 +23,7 @@ from danastar.optax.weight_decay import largest_constant_weight_decay  # noqa: E
 from danastar.optim import ADana, build_optimizer  # noqa: E402
 from danastar.optim import weight_decay as torch_weight_decay  # noqa: E402
 
-from optax_cases import float64  # noqa: E402
+from optax_cases import float64, run  # noqa: E402
 
 STEPS = 60
 
@@ -33,22 +33,6 @@ def tree_gradients(params, steps=STEPS, seed=0):
     rng = np.random.default_rng(seed)
     return [jax.tree.map(lambda p: rng.normal(0.1, 1.0, size=p.shape), params)
             for _ in range(steps)]
-
-
-def run(optimizer, params, grads):
-    """``optimizer`` under jit over ``grads`` (cast to each parameter's dtype); the last
-    parameters and state."""
-    state = optimizer.init(params)
-
-    @jax.jit
-    def step(params, state, grads):
-        updates, state = optimizer.update(grads, state, params)
-        return optax.apply_updates(params, updates), state
-
-    for step_grads in grads:
-        step_grads = jax.tree.map(lambda g, p: jnp.asarray(g, p.dtype), step_grads, params)
-        params, state = step(params, state, step_grads)
-    return params, state
 
 
 def assert_trees_equal(got, want, atol=0.0):
