@@ -75,6 +75,13 @@ def test_a_run_is_scored_on_a_local_task(arch, runs, corpus, tmp_path, capsys, m
     assert set(record["tasks"]) == {"tiny_choice", "second_task"}
     assert record["samples"] == {"second_task": 2} and record["limit"] == 2
 
+    # `danastar results` reads the file the real command wrote: a column per task metric
+    capsys.readouterr()
+    assert main(["results", str(run_dir), "--json", "-"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["tiny_choice acc"] == accuracy
+    assert row["second_task acc"] == record["tasks"]["second_task"]["acc"]
+
 
 @pytest.mark.slow
 def test_an_export_is_scored_into_its_run(runs, tmp_path, capsys, monkeypatch):

@@ -24,6 +24,9 @@ from danastar.rundir.files import CONFIG_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE
 
 COMPLETE = "complete"
 PARTIAL = "partial"
+# `danastar eval` writes <run_dir>/eval/<step>.json (danastar.export.evaluate, which analysis
+# does not import): {"step", "checkpoint", ..., "tasks": {task: {metric: value}}}.
+EVAL_DIR = "eval"
 
 
 class UnreadableRun(UserError):
@@ -69,6 +72,20 @@ class Run:
     status: dict[str, Any]
     identity: dict[str, Any] = dataclasses.field(default_factory=dict)  # run.json's
     notes: list[str] = dataclasses.field(default_factory=list)  # what could not be read
+    evaluation: dict[str, Any] = dataclasses.field(default_factory=dict)  # newest eval/<step>.json
+
+    @property
+    def eval_scores(self) -> dict[str, float]:
+        """The newest evaluation's scores by column, ``"<task> <metric>"`` (``hellaswag acc``),
+        without the standard errors; {} for a run never evaluated."""
+        tasks = self.evaluation.get("tasks")
+        scores = {}
+        for task, metrics in (tasks.items() if isinstance(tasks, dict) else ()):
+            for metric, value in (metrics.items() if isinstance(metrics, dict) else ()):
+                stderr = metric.endswith("_stderr") or "_stderr[" in metric
+                if not stderr and isinstance(value, (int, float)):
+                    scores[f"{task} {metric}"] = float(value)
+        return scores
 
     @property
     def dataset(self) -> str | None:
@@ -300,7 +317,8 @@ def read_run(path: Path) -> Run:
     identity = run_file.get("identity")
     run = Run(path=path, plan=plan, config=config if isinstance(config, dict) else {},
               metrics=metrics, status=status,
-              identity=identity if isinstance(identity, dict) else {}, notes=notes)
+              identity=identity if isinstance(identity, dict) else {}, notes=notes,
+              evaluation=newest_evaluation(path, notes))
     try:  # what every table and figure reads from the plan
         for name in ("arch", "heads", "optimizer", "lr", "seed", "global_batch", "iterations",
                      "non_embedding", "lr_law_params", "total_params", "dataset"):
@@ -311,6 +329,29 @@ def read_run(path: Path) -> Run:
         raise UnreadableRun(f"{path / 'plan.json'} (or config.yaml) holds a value of the wrong "
                             f"type where {name} is read") from None
     return run
+
+
+def newest_evaluation(run_dir: Path, notes: list[str]) -> dict[str, Any]:
+    """The record of the run's evaluation at its highest step (``eval/<step>.json``; an
+    export's ``eval/export.json``, whose step is unknown, only when there is no other); {} when
+    there is none. One that cannot be read is named in ``notes`` and the next older one used."""
+    folder = run_dir / EVAL_DIR
+    if not folder.is_dir():
+        return {}
+    for path in sorted(folder.glob("*.json"), key=_eval_step, reverse=True):
+        try:
+            record = _read_json(path)
+        except UnreadableRun as error:
+            notes.append(f"{error}; its scores are left out")
+            continue
+        if isinstance(record.get("tasks"), dict):
+            return record
+        notes.append(f"{path} holds no tasks' scores; it is left out")
+    return {}
+
+
+def _eval_step(path: Path) -> int:
+    return int(path.stem) if path.stem.isdigit() else -1
 
 
 def _is_run_dir(path: Path) -> bool:

@@ -18,15 +18,31 @@ BEST_COLUMNS = ("optimizer", "arch", "heads", "dataset", "steps", "lr", "seeds",
                 "final_loss_se", "pfh", "total_params", "runs_at_size")
 
 
-def run_row(run: Run, labels: dict[tuple[str, str], str] | None = None) -> dict[str, Any]:
-    """One run's row; ``labels``: `records.dataset_labels` of all the table's runs."""
+def run_row(run: Run, labels: dict[tuple[str, str], str] | None = None,
+            evals: Sequence[str] = ()) -> dict[str, Any]:
+    """One run's row; ``labels``: `records.dataset_labels` of all the table's runs; ``evals``:
+    the score columns (`eval_columns`), after the losses, None where this run has no score."""
     dataset = (labels or records.dataset_labels([run]))[run.data]
+    scores = run.eval_scores
     return {"run": run.name, "arch": run.arch, "heads": run.heads,
             "dataset": None if dataset == "?" else dataset, "optimizer": run.group,
             "lr": run.lr, "omega": run.omega, "batch": run.global_batch,
             "steps": f"{run.steps_done}/{run.iterations}", "tokens": run.tokens,
             "pfh": run.pfh, "final_loss": run.final_loss, "best_loss": run.best_loss,
+            **{column: scores.get(column) for column in evals},
             "tokens_per_s": run.tokens_per_s, "state": run.state}
+
+
+def eval_columns(runs: Sequence[Run]) -> tuple[str, ...]:
+    """The score columns of the runs' newest evaluations (`danastar eval`), ``"<task>
+    <metric>"``, sorted; none when no run was evaluated."""
+    return tuple(sorted({column for run in runs for column in run.eval_scores}))
+
+
+def run_columns(evals: Sequence[str] = ()) -> tuple[str, ...]:
+    """The run table's columns, the score columns after the losses."""
+    at = COLUMNS.index("best_loss") + 1
+    return COLUMNS[:at] + tuple(evals) + COLUMNS[at:]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """`danastar results [DIRS ...]`: the table of runs found in run or sweep directories.
 
-    danastar results runs/lr-sweep                 # every run: state, losses, compute
+    danastar results runs/lr-sweep                 # every run: state, losses, compute (and the
+                                                   # newest `danastar eval` scores, if any)
     danastar results runs/lr-sweep --best          # best LR per optimizer and size (seeds: ± s.e.)
     danastar results runs/lr-sweep --vs adamw      # ... with the compute multiplier vs AdamW
     danastar results runs/study --vs adamw --within_size   # ... at each size from step budgets
@@ -163,8 +164,9 @@ def main(argv: list[str]) -> int:
         columns = table.BEST_COLUMNS
     else:
         labels = records.dataset_labels(runs)
-        rows = [table.run_row(r, labels) for r in runs]
-        columns = table.COLUMNS
+        evals = table.eval_columns(runs)  # `danastar eval`'s newest scores, beside the losses
+        rows = [table.run_row(r, labels, evals) for r in runs]
+        columns = table.run_columns(evals)
     matched = f"--vs {args.vs} is {baseline}" if args.vs and baseline != args.vs else None
     if args.csv:
         buffer = io.StringIO()

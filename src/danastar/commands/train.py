@@ -5,6 +5,7 @@ train.
     danastar train --arch enoki --opt adana --heads 3 --dataset fineweb --dry_run
     danastar train --heads 6 --dry_run --json         # the whole resolved plan, for tools
     danastar train --heads 2 --nproc 2 --distributed_backend fsdp
+    danastar train --arch llama --heads 2 --init_from hf/llama-h2   # from an export's weights
     torchrun --nproc_per_node 8 -m danastar train --heads 12 --distributed_backend fsdp
 
 Every flag and key is documented in docs/training.md (`danastar train --help` lists the flags).
@@ -55,6 +56,10 @@ def main(argv: list[str]) -> int:
     plan, planned = planned_run(config, run_dir=run_dir, run_dir_note=note)
     if not worker:
         check_resume(config, run_dir, planned["batch_layout"]["world_size"])
+    source = init_from(config, plan)  # an export that is not this model is refused here
+    if source is not None:
+        planned["init_from"] = {"path": str(source.path), "architecture": source.architecture,
+                                "step": source.step, "model": source.description}
     if planning:
         warning = planned_warning(planned)
         if getattr(args, "json", False):
@@ -62,7 +67,7 @@ def main(argv: list[str]) -> int:
             if warning:
                 print(warning, file=sys.stderr)
         else:
-            print(summary(config, planned, run_plan=plan))
+            print(summary(config, planned, run_plan=plan, export=source))
         return 0
     if not under_torchrun():
         # Facts of this machine, which a dry run (planning for any machine) does not check: here
@@ -75,31 +80,54 @@ def main(argv: list[str]) -> int:
             ensure_prepared(config.data.dataset)  # missing data is one message; prepared once
         # The workers' stop file goes in the run directory (now the data is there to compare).
         return launch(config.parallel.nproc, argv, planned_run_dir(config, world_size)[0])
-    return run_training(config, plan)
+    return run_training(config, plan, initial_weights(source))
 
 
-def run_training(config: TrainConfig, plan: Plan | None = None) -> int:
-    """Train in this process. A user error that every rank raises is printed by rank 0 alone;
-    Ctrl-C pressed twice (or before training starts) stops at once with exit 130, no traceback."""
+def init_from(config: TrainConfig, plan: Plan):
+    """The export `--init_from` names, checked against the planned model (its class, shape and
+    every tensor's name and shape, from the files' headers), or None without the flag."""
+    if not config.train.init_from:
+        return None
+    from danastar.config import model_config
+    from danastar.export.init_from import inspect
+
+    return inspect(Path(config.train.init_from), model_config(config, plan))
+
+
+def initial_weights(source):
+    """What `train` calls for a fresh start's weights (never on a resume): the export read whole
+    in each process, which loads it before the model is sharded."""
+    if source is None:
+        return None
+    from danastar.export.init_from import read
+
+    return lambda: read(source)
+
+
+def run_training(config: TrainConfig, plan: Plan | None = None, weights=None) -> int:
+    """Train in this process (`weights`: see `initial_weights`). A user error that every rank
+    raises is printed by rank 0 alone; Ctrl-C pressed twice (or before training starts) stops at
+    once with exit 130, no traceback."""
     from danastar.launch.local import under_torchrun
 
     if not (under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1):
-        return train_here(config, plan)
+        return train_here(config, plan, weights)
     try:
-        code = train_here(config, plan)
+        code = train_here(config, plan, weights)
     except UserError as error:  # said here, so that rank 0 too leaves through leave_worker
         code = report(error, "train")
     leave_worker(code)  # after a complete run, a stop, a refusal or Ctrl-C alike
 
 
-def train_here(config: TrainConfig, plan: Plan | None = None) -> int:
+def train_here(config: TrainConfig, plan: Plan | None = None, weights=None) -> int:
     from danastar.launch.local import is_main_process
     from danastar.train.signals import INTERRUPTED_EXIT_CODE
 
     try:
         from danastar.train.loop import train
 
-        return train(config, plan)  # the plan made above: one process plans once
+        # the plan made above: one process plans once
+        return train(config, plan, initial_weights=weights)
     except UserError as error:
         if error.reported_by_rank_0:
             return error.exit_code
@@ -149,9 +177,11 @@ def check_this_machine(config: TrainConfig) -> None:
 # ----------------------------------------------------------------------------------------------
 # The dry run as a person reads it
 
-def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None) -> str:
+def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None,
+            export=None) -> str:
     """The dry run in about twenty lines: model and parameters, tokens and epochs, batch, LR and
-    schedule, weight decay, compute, an estimated time on this machine, the run directory."""
+    schedule, weight decay, compute, an estimated time on this machine, the run directory, and
+    the export a fresh start takes its weights from (`export`, see `init_from`)."""
     plan, layout, corpus = planned["plan"], planned["batch_layout"], planned["corpus"]
     rows: list[tuple[str, str]] = []
     vocabulary = f"vocabulary {plan['vocab_size']:,}"
@@ -222,6 +252,9 @@ def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None) ->
     rows.append(("compute", f"{compute['flops']:.3g} FLOPs ({compute['flops_per_token']:.3g} per "
                             f"token: 6 per weight, plus attention)"))
     rows.append(("time", estimated_time(config, planned, run_plan)))
+    if export is not None:
+        rows.append(("init from", f"{export.summary()}; a fresh start takes these weights, a "
+                                  "resume its checkpoint's"))
     run_dir = Path(planned["run_dir"])
     rows.append(("run dir", f"{run_dir} ({run_dir_state(run_dir, config, plan['iterations'])})"))
     lines = ["plan (--dry_run --json prints all of it as JSON):"]

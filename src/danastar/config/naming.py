@@ -17,8 +17,9 @@ from danastar.optim.schedules import SCHEDULE_OPTIONS
 def default_run_dir(config: TrainConfig) -> Path:
     """runs/<name>, the name made from what the run means: dataset, architecture, heads (and any
     explicit dimension), optimizer and every setting given away from its default, global batch,
-    schedule and seed. Never the world size, the micro-batch split or the cluster, so that a run
-    moved to another GPU count or cluster finds its checkpoints again."""
+    schedule, seed and the export it starts from (`--init_from`). Never the world size, the
+    micro-batch split or the cluster, so that a run moved to another GPU count or cluster finds
+    its checkpoints again."""
     dataset = Path(config.data.dataset).name or "data"
     model, optim, train = config.model, config.optim, config.train
     parts = [dataset, model.arch, f"h{model.heads}"]
@@ -38,6 +39,8 @@ def default_run_dir(config: TrainConfig) -> Path:
               for name, value in schedule_options(config).items()
               if value != SCHEDULE_OPTIONS[optim.scheduler][name]]
     parts.append(f"s{train.seed}")  # not the iterations: extending a run keeps its directory
+    if train.init_from:  # other starting weights: never the directory of a random start
+        parts.append(f"from-{Path(train.init_from).expanduser().resolve().name or 'export'}")
     return Path("runs") / fit_name("-".join(parts))
 
 

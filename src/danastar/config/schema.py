@@ -113,6 +113,9 @@ class TrainSection:
     sample_tokens: int = 200  # a generated sample printed at the end; 0 disables
     sample_prompt: str = "\n"
     collect_tau_stats: bool = False  # Dana-Star τ order statistics at evaluations 10, 20, 40, ...
+    # A `danastar export` directory whose weights a fresh run starts from (a resume ignores it:
+    # the checkpoint holds the weights); the model flags must define the exported model.
+    init_from: Optional[str] = None
 
 
 @dataclass
@@ -229,6 +232,9 @@ FLAGS: dict[str, tuple[str, type, str]] = {
         "a prepared data directory, `shakespeare` (prepared on first use) or `synthetic`",
     ),
     "run_dir": ("logging.run_dir", str, "where the run directory goes"),
+    "init_from": ("train.init_from", str, "start from the weights of a `danastar export` "
+                  "directory (Hugging Face format) instead of a random initialisation; the "
+                  "model flags must define the exported model"),
 }
 
 

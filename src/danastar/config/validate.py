@@ -169,6 +169,9 @@ def check_paths_and_cadence(config: TrainConfig) -> None:
     if config.logging.run_dir is not None and not config.logging.run_dir.strip():
         raise UserError("logging.run_dir (--run_dir) is empty; give a directory, or leave it "
                         "unset for runs/<dataset>-<arch>-<opt>-h<heads>-s<seed>.")
+    if config.train.init_from is not None and not config.train.init_from.strip():
+        raise UserError("train.init_from (--init_from) is empty; give a directory that "
+                        "`danastar export` wrote, or leave it unset for a random start.")
     if config.checkpoint.latest_every == 0 or config.checkpoint.latest_every < -1:
         raise UserError(
             "checkpoint.latest_every must be a positive number of steps, or -1 to disable."

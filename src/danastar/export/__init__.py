@@ -5,7 +5,8 @@
 
 ``mapping`` says which transformers class computes each model and renames the weights,
 ``hf_model`` is the class shipped where none does (loaded with ``trust_remote_code=True``),
-``tokenizer`` writes the run's tokenizer, ``card`` the model card, ``evaluate`` runs lm-eval.
+``tokenizer`` writes the run's tokenizer, ``card`` the model card, ``evaluate`` runs lm-eval,
+``init_from`` reads an export back as a run's starting weights (`danastar train --init_from`).
 docs/export.md is the user's guide.
 """
 

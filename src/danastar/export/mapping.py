@@ -191,8 +191,9 @@ def from_hf(config: ModelConfig, architecture: str,
             hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """danastar's weights for ``config`` from a transformers model's (``architecture``, the
     names ``to_hf`` gives): ``to_hf`` undone. Exact but for Qwen3-Next's norm weights outside
-    [0.5, 2], whose w − 1 may round by one unit in the last place."""
-    state = {name: tensor.detach().float().cpu() for name, tensor in hf_state.items()}
+    [0.5, 2], whose w − 1 may round by one unit in the last place. Meta tensors give meta
+    tensors: the names and shapes alone, to check an export without reading it."""
+    state = {name: _float32_cpu(tensor) for name, tensor in hf_state.items()}
     if architecture == CUSTOM:
         out = dict(state)
     elif architecture == "LlamaForCausalLM":
@@ -206,6 +207,11 @@ def from_hf(config: ModelConfig, architecture: str,
     elif "lm_head.weight" not in out:
         out["lm_head.weight"] = state["lm_head.weight"]
     return out
+
+
+def _float32_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach().float()
+    return tensor if tensor.is_meta else tensor.cpu()
 
 
 def _undo_rows(weight: torch.Tensor, head_dim: int) -> torch.Tensor:

@@ -2,12 +2,13 @@
 when it starts, and a resume that would change any of it is refused before anything is loaded.
 
 The identity is everything the weights depend on: the model (architecture and every
-dimension, its options), the optimizer and every hyperparameter it receives, the peak LR, the
-schedule and its warm-up, the gradient clip, the seeds, the global batch (batch size, accumulation
-steps, sequence length), the iterations, the tokenizer and vocabulary, and a fingerprint of the
-dataset. What does not change the trajectory (logging, evaluation and checkpoint cadence,
-trackers, `--iterations_to_run`, the process count when the global batch is the same) may change
-between starts; `run.json` records each start and what changed.
+dimension, its options), the export it starts from (`--init_from`, its resolved path), the
+optimizer and every hyperparameter it receives, the peak LR, the schedule and its warm-up, the
+gradient clip, the seeds, the global batch (batch size, accumulation steps, sequence length),
+the iterations, the tokenizer and vocabulary, and a fingerprint of the dataset. What does not
+change the trajectory (logging, evaluation and checkpoint cadence, trackers,
+`--iterations_to_run`, the process count when the global batch is the same) may change between
+starts; `run.json` records each start and what changed.
 
 `--iterations` may grow (or shrink) only when the schedule's factor at every step already taken
 stays the same: `none` and `powerlaw` do not depend on the total, the cosine and linear decays
@@ -66,6 +67,8 @@ def run_identity(config, plan, layout, tokens) -> dict[str, Any]:
         "vocab_size": shape["vocab_size"], "padded_vocab_size": shape["padded_vocab_size"],
         **dataset_identity(config.data.dataset, tokens),
     }
+    if config.train.init_from:  # its starting weights; a random start's identity is unchanged
+        identity["init_from"] = str(Path(config.train.init_from).expanduser().resolve())
     if plan.model.moe:  # a dense run's identity stays what it was before MoE existed
         flat = plan.model.to_dict()  # the MoE fields by their flat names, as recorded
         identity.update({name: flat[name] for name in MODEL_MOE_FIELDS})

@@ -2,7 +2,8 @@
 
 `train(config)` is what `danastar train` runs in every process. `run` reads like nanoGPT's
 train.py: open the data and plan the run, take the run directory (`train/start.py`: its lock,
-resume or a fresh start), build the model, wrap it for distribution, build the optimizer from
+resume or a fresh start), build the model (a fresh start with `--init_from` takes an export's
+weights), wrap it for distribution, build the optimizer from
 the plan, resume if a checkpoint exists, then loop over optimizer steps: apply the LR schedule,
 `train_step` (accumulate gradients over `acc_steps` micro-batches, syncing only on the last;
 clip the global gradient norm; step), then `maybe_log`, `maybe_evaluate`, `stop_decision` and
@@ -22,6 +23,7 @@ import contextlib
 import math
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,15 +58,25 @@ from danastar.train.evaluation import evaluation, generate_sample
 from danastar.train.logging import RunLogger, peak_flops
 from danastar.train.optimizer import make_optimizer
 from danastar.train.signals import PreemptionFlag
-from danastar.train.start import Resumed, open_run_dir, resume, where_to_run, write_run_files
+from danastar.train.start import (
+    Resumed,
+    initialise,
+    open_run_dir,
+    resume,
+    where_to_run,
+    write_run_files,
+)
 from danastar.train.step import StepResult, train_step
 
 
-def train(config: TrainConfig, plan: Plan | None = None) -> int:
+def train(config: TrainConfig, plan: Plan | None = None,
+          initial_weights: Callable[[], dict[str, torch.Tensor]] | None = None) -> int:
     """Run (or resume) the configured training in this process; returns the exit code.
 
     `plan`: the run's plan when the caller has made it already (`make_run_plan` for this
-    config, vocabulary and data-parallel size); None plans here, once the data is open."""
+    config, vocabulary and data-parallel size); None plans here, once the data is open.
+    `initial_weights`: for `--init_from`, a function returning the full state dict a fresh
+    start begins from (the command reads the export; a resume never calls it)."""
     env = parallel.setup_distributed(config)
     warm_up_cpu_math(env.device)  # before any forward pass: see determinism.py
     with contextlib.ExitStack() as cleanup:  # closes what `run` opens, also when it raises
@@ -73,11 +85,12 @@ def train(config: TrainConfig, plan: Plan | None = None) -> int:
         # may still be talking to it
         cleanup.push(lambda kind, error, _: parallel.teardown(
             synchronize=kind is None or getattr(error, "raised_by_every_rank", False)))
-        return run(config, env, cleanup, plan)
+        return run(config, env, cleanup, plan, initial_weights)
 
 
 def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.ExitStack,
-        plan: Plan | None = None) -> int:
+        plan: Plan | None = None,
+        initial_weights: Callable[[], dict[str, torch.Tensor]] | None = None) -> int:
     # -- data, plan and the run directory ------------------------------------------------------
     layout = batch_layout(config, env.world_size)
     data = TrainingData.open(config, env, layout)
@@ -102,6 +115,8 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     shape = model_config(config, plan)
     with torch.device(env.device):
         model = build_model(shape)
+    if initial_weights is not None and start.found is None:  # before sharding: whole tensors
+        notes.append(initialise(model, initial_weights, env, config.train.init_from))
     flops_per_token = model.flops_per_token(layout.sequence_length)
     model = parallel.parallelize(model, config, env)
     core = parallel.unwrap(model)  # the model itself: parameter groups, sampling, checkpoints

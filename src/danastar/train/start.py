@@ -1,7 +1,8 @@
 """How a run starts in its directory, before its first step: the directory chosen (`where_to_run`),
 taken (`open_run_dir`: rank 0 holds its lock for the whole run; a resume must be the same run,
-`train/identity.py`; a fresh start moves an earlier run's files aside), the checkpoint loaded
-(`resume`), and the run's files written (`write_run_files`).
+`train/identity.py`; a fresh start moves an earlier run's files aside), a fresh start's weights
+taken from an export (`initialise`, `--init_from`), the checkpoint loaded (`resume`), and the
+run's files written (`write_run_files`).
 
 Rank 0 alone touches the directory's files and decides; every rank gets its answer, or raises
 its refusal (which rank 0 alone prints): `decided_on_rank_0`.
@@ -164,6 +165,30 @@ def resume(found: Found | None, env: parallel.Distributed, checkpointer: Checkpo
         set_rng_state(run_state["rng"][env.rank])
     return Resumed(found.path, run_state["step"], run_state["skipped_steps"], saved_world,
                    same_topology, run_state.get("expert_tally"))
+
+
+def initialise(model: torch.nn.Module, initial_weights, env: parallel.Distributed,
+               source: str) -> str:
+    """Load a fresh run's starting weights, `initial_weights()` (full tensors under the model's
+    names, read by every rank), into the model as built, before it is sharded or wrapped, so
+    that every rank starts from the same weights; returns the line that says so. The command
+    checked them against the planned model; this refuses a model planned again since (another
+    vocabulary, once the data was prepared)."""
+    state = initial_weights()
+    own = model.state_dict()
+    differ = sorted(set(own) ^ set(state)) or sorted(
+        name for name in own if tuple(own[name].shape) != tuple(state[name].shape))
+    if differ:
+        name = differ[0]
+        shapes = " vs ".join(str(list(weights[name].shape)) for weights in (state, own)
+                             if name in weights)
+        raise UserError.on_every_rank(
+            f"--init_from {source} does not fit this run's model ({len(differ)} tensor(s) "
+            f"differ, first {name}: {shapes or 'missing'}); train on the data the export was "
+            f"trained on, with the flags of its model.", env.is_main)
+    with torch.no_grad():
+        model.load_state_dict(state)
+    return f"starting from the weights of the export {source} (--init_from)"
 
 
 def write_run_files(run_dir: Path, config: TrainConfig, plan, layout, model_config,
