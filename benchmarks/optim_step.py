@@ -15,7 +15,10 @@ by memory. Writes ``benchmarks/results/optim_step-<device>.json`` and prints a m
 
 Parameters may be float32 or bfloat16 (``--dtypes``); danastar keeps float32 state for bf16
 parameters unless asked for bf16 state (the ``, bf16 state`` rows: stochastically rounded),
-torch's AdamW keeps state in the parameter's dtype, and the byte counts say so.
+torch's AdamW keeps state in the parameter's dtype, and the byte counts say so. The
+``, flat`` rows keep each group's parameters, gradients and state in flat buffers (``flat=True``:
+one update per group, whatever the number of tensors; the step includes copying the gradients
+into the flat buffer).
 ``--enoki-heads H ...`` times a model-shaped list instead: the parameters of Enoki at H heads
 (vocabulary ``--vocab``), one size per H, hundreds of tensors for the larger ones.
 ``--compile-only`` takes two steps of every candidate and times nothing: run it in a few
@@ -70,6 +73,10 @@ for name, (cls, settings, buffers) in DANASTAR.items():
     CANDIDATES[f"{name} compiled, bf16 state"] = (
         lambda ps, lr, c=cls, s=settings: c(ps, lr=lr, **s, impl="compiled",
                                             state_dtype=torch.bfloat16), buffers, "bf16")
+for name, (cls, settings, buffers) in DANASTAR.items():
+    CANDIDATES[f"{name} compiled, flat"] = (
+        lambda ps, lr, c=cls, s=settings: c(ps, lr=lr, **s, impl="compiled", flat=True),
+        buffers, "wide")
 BASELINE = "adamw fused (torch)"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -92,12 +99,13 @@ def enoki_shapes(heads: int, vocab: int) -> list[tuple[int, ...]]:
     return [tuple(p.shape) for p in model.parameters()]
 
 
-def model_shapes(total: int) -> list[tuple[int, ...]]:
-    """A transformer-like list of shapes with about ``total`` elements (width a multiple of 8)."""
+def model_shapes(total: int, layers: int = LAYERS) -> list[tuple[int, ...]]:
+    """A transformer-like list of shapes with about ``total`` elements (width a multiple of 8)
+    in ``layers`` layers of six tensors each."""
     vocab_per_width = 4  # embedding and head are (4 d, d) each
-    width = max(8, round(math.sqrt(total / (12 * LAYERS + 2 * vocab_per_width)) / 8) * 8)
+    width = max(8, round(math.sqrt(total / (12 * layers + 2 * vocab_per_width)) / 8) * 8)
     shapes = [(vocab_per_width * width, width)]
-    for _ in range(LAYERS):
+    for _ in range(layers):
         shapes += [(3 * width, width), (width, width), (4 * width, width), (width, 4 * width),
                    (width,), (width,)]
     return shapes + [(width,), (vocab_per_width * width, width)]
@@ -175,11 +183,15 @@ def main(argv=None):
                         help="take two steps of each candidate (filling the compile caches), "
                              "time nothing and write nothing")
     parser.add_argument("--only", nargs="+", default=None,
-                        help="substrings of the candidate names to run (the baseline always runs)")
+                        help="candidate names, or substrings of them, to run (the baseline always "
+                             "runs)")
     parser.add_argument("--max-slow-size", type=float, default=None,
                         help="skip the multi-pass paths (reference, foreach) above this size "
                              "(default: 1e7 on CPU, where they take seconds; none on CUDA)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--layers", type=int, default=LAYERS,
+                        help="layers of the transformer-like mix (six tensors each; default "
+                             f"{LAYERS}): more layers, more and smaller tensors at each size")
     parser.add_argument("--enoki-heads", nargs="+", type=int, default=None,
                         help="time Enoki's parameter list at these head counts instead of "
                              "--sizes")
@@ -199,7 +211,8 @@ def main(argv=None):
     if args.max_slow_size is None:
         args.max_slow_size = float("inf") if gpu else 1e7
     sizes = args.sizes or ([1e6, 1e7, 1e8, 1e9] if gpu else [1e5, 1e6, 1e7, 1e8])
-    shape_lists = [model_shapes(int(size)) for size in sizes] if args.enoki_heads is None \
+    shape_lists = [model_shapes(int(size), args.layers) for size in sizes] \
+        if args.enoki_heads is None \
         else [enoki_shapes(heads, args.vocab) for heads in args.enoki_heads]
     rows = []
     for dtype_name in args.dtypes:
@@ -255,7 +268,9 @@ def measure_size(args, device, shapes, dtype: torch.dtype) -> list[dict]:
         repeats = 0
     rows, baseline = [], None
     for name, (make, buffers, state) in CANDIDATES.items():
-        selected = args.only is None or any(key in name for key in args.only)
+        # A candidate's exact name selects it alone; other keys select by substring.
+        selected = args.only is None or name in args.only or any(
+            key in name for key in args.only if key not in CANDIDATES)
         if name != BASELINE and not selected:
             continue
         slow_path = " reference" in name or name.endswith(" foreach")

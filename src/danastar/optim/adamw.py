@@ -61,6 +61,7 @@ class AdamWDecayingWD(PerTensorOptimizer):
         omega, total_steps: the paper's form instead of ``weight_decay`` and ``wd_ts``, as for
             :class:`ADana`.
         impl: "reference", "compiled" or None (automatic), as for :class:`ADana`.
+        state_dtype, stochastic_rounding, flat: as for :class:`ADana`.
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq")
@@ -71,7 +72,7 @@ class AdamWDecayingWD(PerTensorOptimizer):
 
     def __init__(self, params, lr=DEFAULT_LR, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  wd_ts=None, omega=None, total_steps=None, impl=None,
-                 state_dtype=torch.float32, stochastic_rounding=False):
+                 state_dtype=torch.float32, stochastic_rounding=False, flat=False):
         owner = type(self).__name__
         params, weight_decay, wd_ts = resolve_weight_decay(
             owner, paper_call(owner), params, weight_decay, wd_ts, omega, total_steps)
@@ -81,7 +82,8 @@ class AdamWDecayingWD(PerTensorOptimizer):
         check_positive_or_none(wd_ts=wd_ts)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         wd_ts=wd_ts)
-        super().__init__(params, defaults, impl, state_dtype, stochastic_rounding)
+        super().__init__(params, defaults, impl, state_dtype, stochastic_rounding,
+                         flat)
 
     def check_param_group(self, group: dict) -> None:
         owner = type(self).__name__
@@ -116,7 +118,7 @@ class AdamW(PerTensorOptimizer):
     Args:
         params, lr, betas, eps, weight_decay: as torch.optim.AdamW (default weight_decay 0.01).
         impl: "reference", "compiled" or None (automatic), as for :class:`ADana`.
-        state_dtype, stochastic_rounding: as for :class:`ADana`.
+        state_dtype, stochastic_rounding, flat: as for :class:`ADana`.
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq")
@@ -127,9 +129,10 @@ class AdamW(PerTensorOptimizer):
 
     def __init__(self, params, lr=DEFAULT_LR, *, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, impl=None, state_dtype=torch.float32,
-                 stochastic_rounding=False):
+                 stochastic_rounding=False, flat=False):
         check(len(betas) == 2, f"betas must be (beta1, beta2), got {betas}")
         check_betas(betas)
         check_non_negative(eps=eps, weight_decay=weight_decay)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-        super().__init__(params, defaults, impl, state_dtype, stochastic_rounding)
+        super().__init__(params, defaults, impl, state_dtype, stochastic_rounding,
+                         flat)

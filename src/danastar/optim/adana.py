@@ -99,6 +99,13 @@ class ADana(DanaBase):
             (torch._foreach_* multi-tensor ops), "compiled" (torch.compile over the group's
             tensor lists), or None (automatic: compiled, except the reference loop for small
             groups on CPU).
+        state_dtype: torch.float32 (default) or torch.bfloat16: m and v kept in bf16 with
+            stochastic rounding on every write (the update computes in float32).
+        stochastic_rounding: round bf16 parameters stochastically too.
+        flat: keep each group's parameters, gradients and state in one flat tensor each, the
+            parameters' ``.data`` becoming views into it, so that a step is one update over the
+            group whatever its number of tensors (plain tensors of one device and dtype per
+            group, float32 state; see ``danastar.optim.flat``).
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq")

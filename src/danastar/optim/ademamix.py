@@ -84,6 +84,7 @@ class AdEMAMix(PerTensorOptimizer):
         omega, total_steps: with ``decaying_wd``, the paper's form instead of ``weight_decay``
             and ``wd_ts``, as for :class:`ADana`.
         impl: "reference", "compiled" or None (automatic), as for :class:`ADana`.
+        state_dtype, stochastic_rounding, flat: as for :class:`ADana`.
     """
 
     buffer_names = ("exp_avg_fast", "exp_avg_slow", "exp_avg_sq")
@@ -96,7 +97,7 @@ class AdEMAMix(PerTensorOptimizer):
     def __init__(self, params, lr=DEFAULT_LR, *, betas=(0.9, 0.999, 0.9999), alpha=5.0,
                  alpha_warmup=None, beta3_warmup=None, eps=1e-8, weight_decay=0.0, wd_ts=None,
                  decaying_wd=False, omega=None, total_steps=None, impl=None,
-                 state_dtype=torch.float32, stochastic_rounding=False):
+                 state_dtype=torch.float32, stochastic_rounding=False, flat=False):
         call = paper_call("AdEMAMix", "decaying_wd=True, ")
         if not decaying_wd and (omega is not None or total_steps is not None):
             raise ValueError(f"AdEMAMix: omega and total_steps set the decaying weight decay, so "
@@ -113,7 +114,8 @@ class AdEMAMix(PerTensorOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), alpha=alpha, alpha_warmup=alpha_warmup,
                         beta3_warmup=beta3_warmup, eps=eps, weight_decay=weight_decay,
                         wd_ts=wd_ts, decaying_wd=bool(decaying_wd))
-        super().__init__(params, defaults, impl, state_dtype, stochastic_rounding)
+        super().__init__(params, defaults, impl, state_dtype, stochastic_rounding,
+                         flat)
 
     def check_param_group(self, group: dict) -> None:
         if group["decaying_wd"]:  # the coupled decay is AdamW's, scaled by the LR

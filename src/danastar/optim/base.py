@@ -31,6 +31,7 @@ from itertools import chain
 import torch
 from torch.distributed.tensor import DTensor
 
+from .flat import FlatLayout, build_layout
 from .rounding import random_integers, seed_from_torch, shard_layout, store, tensor_salt
 
 IMPLS = ("reference", "foreach", "compiled")
@@ -203,6 +204,15 @@ def check_impl(impl: str | None, supported: tuple[str, ...]) -> None:
         raise ValueError(f"impl must be one of {supported} or None (automatic), got {impl!r}")
 
 
+def check_flat_group(owner: str, group: dict) -> None:
+    """Refuse ``flat=True`` with low-precision state or stochastic rounding, whose random bits
+    are keyed by tensor (module flat)."""
+    if group["flat"] and (group["state_dtype"] != torch.float32
+                          or group["stochastic_rounding"]):
+        raise ValueError(f"{owner}: flat=True keeps float32 state without stochastic rounding; "
+                         "drop flat=True, or state_dtype/stochastic_rounding, for this group")
+
+
 def check(condition: bool, message: str) -> None:
     """Raise ValueError for an invalid hyperparameter."""
     if not condition:
@@ -284,15 +294,17 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     float32_scalars: bool = False
 
     def __init__(self, params, defaults: dict, impl: str | None = None,
-                 state_dtype=torch.float32, stochastic_rounding: bool = False):
+                 state_dtype=torch.float32, stochastic_rounding: bool = False,
+                 flat: bool = False):
         check_lr(defaults["lr"])
         check_impl(impl, self.supported_impls())
         self.impl = impl
         # Per group: the state's dtype, whether bf16 parameters are stochastically rounded too,
-        # and the seed of the rounding's random bits (module rounding).
+        # the seed of the rounding's random bits (module rounding), and whether the group's
+        # tensors are kept in flat buffers (module flat).
         defaults = {**defaults, "state_dtype": resolve_state_dtype(state_dtype),
                     "stochastic_rounding": bool(stochastic_rounding),
-                    "rounding_seed": seed_from_torch()}
+                    "rounding_seed": seed_from_torch(), "flat": bool(flat)}
         self._forget_kept()
         super().__init__(params, defaults)
 
@@ -302,6 +314,7 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         self._gathered: dict = {}
         self._packed_steps: dict = {}
         self._salts: dict = {}
+        self._flat: dict[int, FlatLayout] = {}  # id(group) -> its flat layout (flat=True)
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -321,6 +334,7 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         group.setdefault("initial_lr", group["lr"])
         try:
             group["state_dtype"] = resolve_state_dtype(group["state_dtype"])
+            check_flat_group(type(self).__name__, group)
             self.check_param_group(group)
         except ValueError:
             self.param_groups.pop()  # a refused group is not kept
@@ -419,11 +433,37 @@ class PerTensorOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group_index, group in enumerate(self.param_groups):
+            if group["flat"] and self._step_flat(group):
+                continue
             params, grads, buffers, steps, positions = self._gather(group)
             if params:
-                self._update_group(group, params, grads, buffers, steps,
+                self._update_group(group, params, grads, buffers, self._advance(group, steps),
                                    self._rounding(group, group_index, params, buffers, positions))
         return loss
+
+    def _step_flat(self, group: dict) -> bool:
+        """One update over the group's flat tensors and its large ones (module flat); False,
+        with nothing done, when some gradient is None (the per-tensor path then steps the
+        others)."""
+        grads = [param.grad for param in group["params"]]
+        if not grads or any(grad is None for grad in grads):
+            return False
+        layout = self._flat.get(id(group))
+        if layout is None or not layout.holds(group["params"], self.state):
+            states = [self._init_state(param, group) for param in group["params"]]
+            layout = self._flat[id(group)] = build_layout(
+                group["params"], states, self.buffer_names, type(self).__name__)
+            self._gathered.pop(id(group), None)  # it kept the replaced state buffers
+        # The counts are read anew: a per-tensor step (a None grad) re-packs them (`_advance`).
+        ks = self._advance(group, [state["step"] for state in layout.states])
+        grads = [self._local_grad(p, g) for p, g in zip(layout.params, grads)]
+        if any(k != ks[0] for k in ks):  # counts that differ: per tensor, over the views
+            params, grads, buffers, _, _ = self._gather(group)
+            self._update_group(group, params, grads, buffers, ks)
+        else:
+            params, grads, buffers = layout.step_lists(grads, self.buffer_names)
+            self._update_group(group, params, grads, buffers, ks[:1] * len(params))
+        return True
 
     def _rounding(self, group, group_index, params, buffers, positions):
         """None when every write is plain (float32 state, no stochastic rounding of bf16
@@ -441,11 +481,13 @@ class PerTensorOptimizer(torch.optim.Optimizer):
             kept = self._salts[id(group)] = (key, salts, layouts)
         return kept[1], kept[2], round_params
 
-    def _update_group(self, group, params, grads, buffers, steps, rounding=None):
+    def _update_group(self, group, params, grads, buffers, ks, rounding=None):
+        """Update the tensors of ``group`` whose step counts (advanced already) are ``ks``:
+        one update per distinct count."""
         impl = self.resolve_impl(params)
         constants = {name: group[name] for name in self.update_constants}
         buckets: dict[float, list[int]] = {}
-        for i, k in enumerate(self._advance(group, steps)):
+        for i, k in enumerate(ks):
             buckets.setdefault(k, []).append(i)
         for k, index in buckets.items():
             def pick(tensors, index=index):
@@ -541,7 +583,7 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         def restore(optimizer):
             optimizer._restore_saved_state(loaded["state_dict"])
             for group in optimizer.param_groups:  # saved before the rounding settings existed
-                for key in ("state_dtype", "stochastic_rounding", "rounding_seed"):
+                for key in ("state_dtype", "stochastic_rounding", "rounding_seed", "flat"):
                     group.setdefault(key, optimizer.defaults[key])
                 group["state_dtype"] = resolve_state_dtype(group["state_dtype"])
 

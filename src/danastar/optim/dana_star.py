@@ -139,6 +139,7 @@ class DanaStar(DanaBase):
             paper; total_steps is the run's length T in optimizer steps).
         eps: added to sqrt(v) in the denominator D.
         impl: "reference", "foreach", "compiled" or None (automatic), as for :class:`ADana`.
+        state_dtype, stochastic_rounding, flat: as for :class:`ADana`.
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq", "tau")
