@@ -7,22 +7,14 @@ import io
 
 import pytest
 import torch
+from optim_variants import DECAY, OPTIMIZERS
 
-from danastar.optim import AdamW, AdamWDecayingWD, ADana, AdEMAMix, DanaStar
+from danastar.optim import ADana, AdEMAMix, DanaStar
 from danastar.optim import flat as flat_module
 from danastar.optim.flat import ALIGNMENT
 
-DECAY = {"weight_decay": 0.3, "wd_ts": 5}
-OPTIMIZERS = {
-    "adana": (ADana, DECAY),
-    "dana-mk4": (ADana, {"clipsnr": 2.0, **DECAY}),
-    "dana-star": (DanaStar, DECAY),
-    "dana-star-mk4": (DanaStar, {"clipsnr": 2.0, **DECAY}),
-    "adamw-decaying-wd": (AdamWDecayingWD, DECAY),
-    "ademamix": (AdEMAMix, {"alpha_warmup": 5, "beta3_warmup": 5, **DECAY}),
-    "ademamix-decaying-wd": (AdEMAMix, {"decaying_wd": True, **DECAY}),
-    "adamw": (AdamW, {"weight_decay": 0.1}),
-}
+OPTIMIZERS = {**OPTIMIZERS,
+              "ademamix-decaying-wd": (AdEMAMix, {"decaying_wd": True, **DECAY})}
 SHAPES = [(7, 5), (13,), (3, 4, 5), (1,), (33, 17)]  # none a multiple of the alignment
 
 

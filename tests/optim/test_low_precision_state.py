@@ -5,20 +5,11 @@ import io
 
 import pytest
 import torch
+from optim_variants import DECAY, OPTIMIZERS
 
-from danastar.optim import AdamW, AdamWDecayingWD, ADana, AdEMAMix, DanaStar, build_optimizer
+from danastar.optim import AdamW, ADana, DanaStar, build_optimizer
 from danastar.optim.rounding import random_integers, shard_layout, stochastic_round
 
-DECAY = {"weight_decay": 0.3, "wd_ts": 5}
-OPTIMIZERS = {
-    "adana": (ADana, DECAY),
-    "dana-mk4": (ADana, {"clipsnr": 2.0, **DECAY}),
-    "dana-star": (DanaStar, DECAY),
-    "dana-star-mk4": (DanaStar, {"clipsnr": 2.0, **DECAY}),
-    "adamw-decaying-wd": (AdamWDecayingWD, DECAY),
-    "ademamix": (AdEMAMix, {"alpha_warmup": 5, "beta3_warmup": 5, **DECAY}),
-    "adamw": (AdamW, {"weight_decay": 0.1}),
-}
 SHAPES = [(16, 8), (8,), (3, 5, 2)]
 
 
