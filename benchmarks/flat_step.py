@@ -10,7 +10,8 @@ each round takes one step of every candidate, in turn, so that a machine whose s
 fused AdamW's median of the same rounds. The lists: Enoki at 2 and 4 heads (vocabulary 2048:
 0.7M and 3.4M parameters, 11 and 27 tensors), a 48-layer transformer-like mix of 0.94M
 parameters in 291 tensors (the many-small-tensors case), and the 4-layer mix of
-``optim_step.py`` at 1e7 (27 tensors, most of them large). Writes
+``optim_step.py`` at 1e7 (27 tensors, most of them large), and 291 tensors of 16 elements
+(what a step costs on the host alone, which bounds a GPU step of small tensors). Writes
 ``benchmarks/results/flat_step-<device>.json`` and prints a markdown table.
 """
 
@@ -34,6 +35,7 @@ LISTS = {
     "enoki h4": lambda: enoki_shapes(4, 2048),
     "48 layers, 1e6": lambda: model_shapes(10**6, 48),
     "4 layers, 1e7": lambda: model_shapes(10**7, 4),
+    "291 tiny tensors": lambda: [(16,)] * 291,  # no bytes to speak of: the host's cost alone
 }
 
 

@@ -3,6 +3,7 @@ path's values bit for bit, the parameters stay views of the flat tensor while th
 and the layout survives what users do to a model and an optimizer (a None gradient, replaced
 parameter data, a saved and loaded state dict)."""
 
+import copy
 import io
 
 import pytest
@@ -189,3 +190,25 @@ def test_refusals():
     optimizer = ADana([{"params": mixed[:2]}, {"params": mixed[2:]}], lr=1e-3, flat=True)
     optimizer.step()
     assert len(optimizer._flat) == 2
+
+
+def test_a_state_dict_loaded_into_the_same_optimizer_lays_it_out_again():
+    """Loading replaces the state tensors: the layout is forgotten and built from them, so the
+    run continues from the loaded state, as the per-tensor optimizer does."""
+    runs = []
+    for flat in (False, True):
+        params, optimizer = train("dana-star", flat=flat, steps=3)
+        saved = copy.deepcopy(optimizer.state_dict())
+        values = [p.detach().clone() for p in params]
+        for step in range(3, 5):  # two steps that the load takes back
+            set_grads(params, step)
+            optimizer.step()
+        optimizer.load_state_dict(saved)
+        with torch.no_grad():
+            for param, value in zip(params, values):
+                param.copy_(value)
+        for step in range(5, 7):
+            set_grads(params, step)
+            optimizer.step()
+        runs.append((params, optimizer))
+    assert_same(*runs[0], *runs[1])

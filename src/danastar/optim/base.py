@@ -449,21 +449,33 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         if not grads or any(grad is None for grad in grads):
             return False
         layout = self._flat.get(id(group))
-        if layout is None or not layout.holds(group["params"], self.state):
+        if layout is None or not layout.holds(group["params"]):
             states = [self._init_state(param, group) for param in group["params"]]
             layout = self._flat[id(group)] = build_layout(
                 group["params"], states, self.buffer_names, type(self).__name__)
             self._gathered.pop(id(group), None)  # it kept the replaced state buffers
-        # The counts are read anew: a per-tensor step (a None grad) re-packs them (`_advance`).
-        ks = self._advance(group, [state["step"] for state in layout.states])
-        grads = [self._local_grad(p, g) for p, g in zip(layout.params, grads)]
+        ks = self._advance_flat(group, layout)
         if any(k != ks[0] for k in ks):  # counts that differ: per tensor, over the views
             params, grads, buffers, _, _ = self._gather(group)
             self._update_group(group, params, grads, buffers, ks)
         else:
+            grads = [grads[i] if i in layout.small_set else self._local_grad(p, grads[i])
+                     for i, p in enumerate(layout.params)] if layout.large else grads
             params, grads, buffers = layout.step_lists(grads, self.buffer_names)
             self._update_group(group, params, grads, buffers, ks[:1] * len(params))
         return True
+
+    def _advance_flat(self, group: dict, layout: FlatLayout) -> list[float]:
+        """`_advance` over the layout's step counts, without gathering and comparing them again
+        while the packed counts are the ones this layout advanced last (a per-tensor step, after
+        a None grad, packs them anew)."""
+        packed = self._packed_steps.get(id(group))
+        if packed is not None and packed is layout.packed_steps:
+            packed[0].add_(1)
+            return packed[0].tolist()
+        ks = self._advance(group, [state["step"] for state in layout.states])
+        layout.packed_steps = self._packed_steps.get(id(group))
+        return ks
 
     def _rounding(self, group, group_index, params, buffers, positions):
         """None when every write is plain (float32 state, no stochastic rounding of bf16

@@ -22,9 +22,11 @@ bytes per parameter; the copy adds 8).
 
 The layout is built at the first step and rebuilt when it no longer holds: a parameter whose
 ``.data`` was replaced (``model.to(...)``, a user's assignment), a loaded state dict, a changed
-group. A step where some gradient is None, or where the tensors' step counts differ, runs on
-the per-tensor path over the same views. Each parameter starts at a multiple of 16 elements
-(64 bytes for float32), the padding holding zeros that no parameter sees.
+group. (State buffers replaced by hand, other than through ``load_state_dict``, are not
+noticed: write into them in place.) A step where some gradient is None, or where the tensors'
+step counts differ, runs on the per-tensor path over the same views. Each parameter starts at
+a multiple of 16 elements (64 bytes for float32), the padding holding zeros that no parameter
+sees.
 
 Only plain tensors of one device and dtype per group flatten (not DTensor shards: FSDP2
 already keeps its own flat layout per rank), with float32 (or wider) state: bf16 state keys
@@ -59,11 +61,18 @@ class FlatLayout:
     buffers: list[torch.Tensor]  # 1-D: one per state buffer name
     param_pointers: list[int]  # each parameter's data_ptr() when the layout was built
 
-    def holds(self, group_params: list, state: dict) -> bool:
-        """Whether the layout still describes ``group_params`` and the optimizer's state."""
+    # The packed step counts (`PerTensorOptimizer._advance`) this layout advanced last.
+    packed_steps: object = None
+
+    def __post_init__(self):
+        self.small_set = frozenset(self.small)
+
+    def holds(self, group_params: list) -> bool:
+        """Whether the layout still describes ``group_params``: the same parameters, each still
+        a view of the flat tensor. (A loaded state dict forgets every layout: the optimizer's
+        ``__setstate__``.)"""
         return (len(group_params) == len(self.params)
                 and all(a is b for a, b in zip(group_params, self.params))
-                and all(state.get(p) is s for p, s in zip(self.params, self.states))
                 and [p.data_ptr() for p in self.params] == self.param_pointers)
 
     def step_lists(self, grads: list[torch.Tensor], buffer_names: tuple[str, ...]):
