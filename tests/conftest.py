@@ -58,6 +58,7 @@ PROCESS_TESTS = (
     "tests/models/test_loss_compiled.py::test_compiled_chunk_terms_match_eager",
     "tests/optim/test_optim_fast_paths.py::test_compiled_matches_reference_without_recompiling",
     "tests/optim/test_flat_buffers.py::test_compiled_flat_step_equals_the_compiled_per_tensor_step",
+    "tests/optim/test_capturable.py::test_compiled_capturable_step_equals_the_compiled_host_step",
     "tests/train/test_loop.py::test_default_preset_shortened_learns_shakespeare_and_samples",
 )
 # Quick look-ups made in passing, not what the marker is about: `git` for the run record's

@@ -16,7 +16,7 @@ def matrix_rows() -> list[str]:
 
 def test_every_test_the_matrix_names_exists():
     rows = matrix_rows()
-    assert len(rows) == 13  # single device ... JAX / optax
+    assert len(rows) == 14  # single device ... JAX / optax
     for row in rows:
         references, current = [], None
         for path, name in REFERENCE.findall(row):

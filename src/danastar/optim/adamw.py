@@ -9,8 +9,6 @@ for what torch's cannot do: bf16 state with stochastic rounding (``build_optimiz
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .base import (
@@ -21,16 +19,16 @@ from .base import (
     check_non_negative,
     check_positive_or_none,
     decay_multiplier,
-    working_copy,
-    write_back,
 )
+from .paths import working_copy, write_back
+from .scalar_math import divide, sqrt
 from .weight_decay import check_constant_decay, paper_call, resolve_weight_decay
 
 
 def adamw_decaying_wd_scalars(k, lr, schedule_factor, *, betas, weight_decay, wd_ts):
     """Per-step scalars: the step size lr / bc1, sqrt(bc2) and the weight-decay multiplier."""
     beta1, beta2 = betas
-    return {"step_size": lr / (1 - beta1 ** k), "sqrt_bc2": math.sqrt(1 - beta2 ** k),
+    return {"step_size": divide(lr, 1 - beta1 ** k), "sqrt_bc2": sqrt(1 - beta2 ** k),
             "decay": decay_multiplier(weight_decay, schedule_factor, k, wd_ts)}
 
 
@@ -61,7 +59,7 @@ class AdamWDecayingWD(PerTensorOptimizer):
         omega, total_steps: the paper's form instead of ``weight_decay`` and ``wd_ts``, as for
             :class:`ADana`.
         impl: "reference", "compiled" or None (automatic), as for :class:`ADana`.
-        state_dtype, stochastic_rounding, flat: as for :class:`ADana`.
+        state_dtype, stochastic_rounding, flat, capturable: as for :class:`ADana`.
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq")
@@ -72,7 +70,8 @@ class AdamWDecayingWD(PerTensorOptimizer):
 
     def __init__(self, params, lr=DEFAULT_LR, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  wd_ts=None, omega=None, total_steps=None, impl=None,
-                 state_dtype=torch.float32, stochastic_rounding=False, flat=False):
+                 state_dtype=torch.float32, stochastic_rounding=False, flat=False,
+                 capturable=False):
         owner = type(self).__name__
         params, weight_decay, wd_ts = resolve_weight_decay(
             owner, paper_call(owner), params, weight_decay, wd_ts, omega, total_steps)
@@ -83,7 +82,7 @@ class AdamWDecayingWD(PerTensorOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         wd_ts=wd_ts)
         super().__init__(params, defaults, impl, state_dtype, stochastic_rounding,
-                         flat)
+                         flat, capturable)
 
     def check_param_group(self, group: dict) -> None:
         owner = type(self).__name__
@@ -93,7 +92,7 @@ class AdamWDecayingWD(PerTensorOptimizer):
 def adamw_scalars(k, lr, schedule_factor, *, betas, weight_decay):
     """Per-step scalars of torch's AdamW: lr / bc1, sqrt(bc2) and the coupled decay 1 - lr wd."""
     beta1, beta2 = betas
-    return {"step_size": lr / (1 - beta1 ** k), "sqrt_bc2": math.sqrt(1 - beta2 ** k),
+    return {"step_size": divide(lr, 1 - beta1 ** k), "sqrt_bc2": sqrt(1 - beta2 ** k),
             "decay": 1 - lr * weight_decay}
 
 
@@ -118,7 +117,7 @@ class AdamW(PerTensorOptimizer):
     Args:
         params, lr, betas, eps, weight_decay: as torch.optim.AdamW (default weight_decay 0.01).
         impl: "reference", "compiled" or None (automatic), as for :class:`ADana`.
-        state_dtype, stochastic_rounding, flat: as for :class:`ADana`.
+        state_dtype, stochastic_rounding, flat, capturable: as for :class:`ADana`.
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq")
@@ -129,10 +128,10 @@ class AdamW(PerTensorOptimizer):
 
     def __init__(self, params, lr=DEFAULT_LR, *, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, impl=None, state_dtype=torch.float32,
-                 stochastic_rounding=False, flat=False):
+                 stochastic_rounding=False, flat=False, capturable=False):
         check(len(betas) == 2, f"betas must be (beta1, beta2), got {betas}")
         check_betas(betas)
         check_non_negative(eps=eps, weight_decay=weight_decay)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults, impl, state_dtype, stochastic_rounding,
-                         flat)
+                         flat, capturable)

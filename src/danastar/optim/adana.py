@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import torch
 
-from .base import decay_multiplier, finish_foreach, working_copies, working_copy, write_back
+from .base import (
+    decay_multiplier,
+)
 from .dana_family import DanaBase, foreach_log_time_moments
+from .paths import finish_foreach, working_copies, working_copy, write_back
+from .scalar_math import divide
 
 
 def adana_scalars(k, lr, schedule_factor, *, delta, kappa, weight_decay, wd_ts):
     """Per-step scalars of ADana at step k: the EMA coefficient a_k, the Nesterov factor
-    alpha(k) = (1 + k)^(1 - kappa), the LR and the weight-decay multiplier."""
-    return {"a": delta / (delta + k), "boost": (1 + k) ** (1 - kappa), "lr": lr,
+    alpha(k) = (1 + k)^(1 - kappa), the LR and the weight-decay multiplier (k a number, or a
+    tensor of counts: capturable)."""
+    return {"a": divide(delta, delta + k), "boost": (1 + k) ** (1 - kappa), "lr": lr,
             "decay": decay_multiplier(weight_decay, schedule_factor, k, wd_ts)}
 
 
@@ -106,6 +111,11 @@ class ADana(DanaBase):
             parameters' ``.data`` becoming views into it, so that a step is one update over the
             group whatever its number of tensors (plain tensors of one device and dtype per
             group, float32 state; see ``danastar.optim.flat``).
+        capturable: keep the step counts on the parameters' device and compute the per-step
+            scalars there, so that ``step()`` reads nothing on the host and a CUDA graph can
+            capture it (as torch's Adam(capturable=True)); a float ``group["lr"]`` is then a
+            constant of the graph, a 0-dim tensor on the device can be changed between replays.
+            Not with ``flat=True`` or ``impl="foreach"``.
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq")

@@ -20,9 +20,9 @@ from .base import (
     check_non_negative,
     check_positive_or_none,
     decay_multiplier,
-    working_copy,
-    write_back,
 )
+from .paths import working_copy, write_back
+from .scalar_math import divide, minimum, sqrt
 from .weight_decay import check_constant_decay, paper_call, resolve_weight_decay
 
 
@@ -31,21 +31,30 @@ def half_life(beta: float) -> float:
     return math.log(0.5) / math.log(beta + 1e-8) - 1
 
 
+def warming_beta3(k, beta1, beta3, beta3_warmup):
+    """beta3 at step k of its warm-up: linear in half-life from beta1's to beta3's."""
+    fraction = k / beta3_warmup
+    half_life_k = (1 - fraction) * half_life(beta1) + fraction * half_life(beta3)
+    return 0.5 ** divide(1, half_life_k + 1)
+
+
 def ademamix_scalars(k, lr, schedule_factor, *, betas, alpha, alpha_warmup, beta3_warmup,
                      weight_decay, wd_ts, decaying_wd):
-    """Per-step scalars: warmed-up alpha and beta3, bias corrections, LR and weight decay."""
+    """Per-step scalars: warmed-up alpha and beta3, bias corrections, LR and weight decay (k a
+    number, or a tensor of counts: capturable, where each count picks its warm-up branch on the
+    device)."""
     beta1, beta2, beta3 = betas
     if alpha_warmup is not None:
-        alpha = alpha * min(k / alpha_warmup, 1.0)
-    if beta3_warmup is not None and k < beta3_warmup:
-        fraction = k / beta3_warmup
-        half_life_k = (1 - fraction) * half_life(beta1) + fraction * half_life(beta3)
-        beta3 = 0.5 ** (1 / (half_life_k + 1))
+        alpha = alpha * minimum(k / alpha_warmup, 1.0)
+    if beta3_warmup is not None and torch.is_tensor(k):
+        beta3 = torch.where(k < beta3_warmup, warming_beta3(k, beta1, beta3, beta3_warmup), beta3)
+    elif beta3_warmup is not None and k < beta3_warmup:
+        beta3 = warming_beta3(k, beta1, beta3, beta3_warmup)
     # Decaying: p * (1 - wd s_t / (1 + k / wd_ts)) before the update; coupled: p - lr wd p.
     decay = decay_multiplier(weight_decay, schedule_factor, k, wd_ts) if decaying_wd else 1.0
     coupled_decay = 0.0 if decaying_wd else weight_decay
     return {"alpha": alpha, "beta3": beta3, "bc1": 1 - beta1 ** k,
-            "sqrt_bc2": math.sqrt(1 - beta2 ** k), "lr": lr, "decay": decay,
+            "sqrt_bc2": sqrt(1 - beta2 ** k), "lr": lr, "decay": decay,
             "coupled_decay": coupled_decay}
 
 
@@ -84,7 +93,7 @@ class AdEMAMix(PerTensorOptimizer):
         omega, total_steps: with ``decaying_wd``, the paper's form instead of ``weight_decay``
             and ``wd_ts``, as for :class:`ADana`.
         impl: "reference", "compiled" or None (automatic), as for :class:`ADana`.
-        state_dtype, stochastic_rounding, flat: as for :class:`ADana`.
+        state_dtype, stochastic_rounding, flat, capturable: as for :class:`ADana`.
     """
 
     buffer_names = ("exp_avg_fast", "exp_avg_slow", "exp_avg_sq")
@@ -97,7 +106,8 @@ class AdEMAMix(PerTensorOptimizer):
     def __init__(self, params, lr=DEFAULT_LR, *, betas=(0.9, 0.999, 0.9999), alpha=5.0,
                  alpha_warmup=None, beta3_warmup=None, eps=1e-8, weight_decay=0.0, wd_ts=None,
                  decaying_wd=False, omega=None, total_steps=None, impl=None,
-                 state_dtype=torch.float32, stochastic_rounding=False, flat=False):
+                 state_dtype=torch.float32, stochastic_rounding=False, flat=False,
+                 capturable=False):
         call = paper_call("AdEMAMix", "decaying_wd=True, ")
         if not decaying_wd and (omega is not None or total_steps is not None):
             raise ValueError(f"AdEMAMix: omega and total_steps set the decaying weight decay, so "
@@ -115,7 +125,7 @@ class AdEMAMix(PerTensorOptimizer):
                         beta3_warmup=beta3_warmup, eps=eps, weight_decay=weight_decay,
                         wd_ts=wd_ts, decaying_wd=bool(decaying_wd))
         super().__init__(params, defaults, impl, state_dtype, stochastic_rounding,
-                         flat)
+                         flat, capturable)
 
     def check_param_group(self, group: dict) -> None:
         if group["decaying_wd"]:  # the coupled decay is AdamW's, scaled by the LR

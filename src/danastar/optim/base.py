@@ -4,6 +4,9 @@ Each optimizer writes its math as two functions:
 
 * ``step_scalars(k, lr, schedule_factor, **group constants)``: the per-step scalars of one tensor
   (a_k, bias corrections, the weight-decay multiplier ...), computed once on the host in float64;
+  with ``capturable=True`` the same function runs on the device over a tensor of step counts
+  (written with `divide`, `sqrt`, `minimum` of module scalar_math and torch.where, which take
+  numbers and tensors);
 * ``update(param, grad, *buffers, **scalars, **constants)``: the elementwise update of one tensor.
 
 The update serves two paths:
@@ -17,13 +20,17 @@ The update serves two paths:
 The DANA family adds a ``foreach`` path written with ``torch._foreach_*`` ops, used on
 accelerators where ``torch.compile`` is unavailable. The step count ``k`` is per tensor (a
 tensor whose grad is None does not advance); tensors are bucketed by ``k``, which all share unless
-some grads were None. Under FSDP2 parameters, gradients and state are DTensors; every update is
-elementwise, so the paths work on the local shards and never mix DTensors with plain tensors.
+some grads were None. With ``capturable=True`` (a CUDA graph can capture the step) the counts
+stay on the parameters' device and are not read back: the scalars are computed there over the
+packed vector of counts and each tensor takes its own column (`run_per_tensor_columns`; the
+paths themselves are in module paths).
+
+Under FSDP2 parameters, gradients and state are DTensors; every update is elementwise, so the
+paths work on the local shards and never mix DTensors with plain tensors.
 """
 
 from __future__ import annotations
 
-import types
 import warnings
 from collections.abc import Callable
 from itertools import chain
@@ -32,25 +39,30 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from .flat import FlatLayout, build_layout
-from .rounding import random_integers, seed_from_torch, shard_layout, store, tensor_salt
+from .paths import (
+    ROUNDING_STEP,
+    compile_columns_runner,
+    compile_per_tensor_runner,
+    compiled_available,
+    pack_columns,
+    pack_scalars,
+    run_foreach_rounded,
+    run_per_tensor,
+    run_per_tensor_columns,
+    working_dtype,
+)
+from .rounding import seed_from_torch, shard_layout, tensor_salt
+from .scalar_math import divide
 
 IMPLS = ("reference", "foreach", "compiled")
 # The dtypes the state (m, v, tau ...) may be kept in: float32 (widened to the parameter's dtype
 # for float64 parameters), or bfloat16 with stochastic rounding on every write.
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# The per-step scalar that carries the step count into the rounding's random bits.
-ROUNDING_STEP = "rounding_step"
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor a rank owns: the local shard of a DTensor (sharing its storage), else itself."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def working_dtype(param: torch.Tensor) -> torch.dtype:
-    """The dtype an update computes in: at least float32 (bf16/fp16 parameters and bf16 state
-    are widened to it)."""
-    return torch.promote_types(param.dtype, torch.float32)
 
 
 def buffer_dtype(param: torch.Tensor, group_state_dtype: torch.dtype) -> torch.dtype:
@@ -76,7 +88,7 @@ def decay_multiplier(weight_decay, schedule_factor, k, wd_ts):
     """
     if wd_ts is None:
         return 1 - weight_decay * schedule_factor
-    return 1 - weight_decay * schedule_factor / (1 + k / wd_ts)
+    return 1 - divide(weight_decay * schedule_factor, 1 + k / wd_ts)
 
 
 def schedule_factor(group: dict) -> float:
@@ -85,113 +97,18 @@ def schedule_factor(group: dict) -> float:
     return float(group["lr"]) / initial_lr if initial_lr != 0 else 0.0
 
 
-def run_per_tensor(update, params, grads, buffers, scalars, constants, rounding=None):
-    """Apply ``update`` to each tensor: the reference path. ``rounding``: None, or
-    ``(salts, layouts, round_params)`` (one salt and `shard_layout` per tensor) for
-    `rounded_update`."""
-    for i, (param, grad) in enumerate(zip(params, grads)):
-        tensor_buffers = [buffer[i] for buffer in buffers]
-        if rounding is None:
-            update(param, grad, *tensor_buffers, **scalars, **constants)
-        else:
-            rounded_update(update, param, grad, tensor_buffers, scalars, constants,
-                           (rounding[0][i], rounding[1][i]), rounding[2])
-
-
-def without_step(scalars: dict) -> tuple:
-    """The step count for the rounding's random bits, and the scalars the update takes."""
-    return scalars[ROUNDING_STEP], {n: v for n, v in scalars.items() if n != ROUNDING_STEP}
-
-
-def working_state(param, buffers):
-    """The parameter and buffers in the working dtype: themselves where they have it (updated
-    in place), else widened copies."""
-    dtype = working_dtype(param)
-    return param.to(dtype), [buffer.to(dtype) for buffer in buffers]
-
-
-def store_rounded(param, buffers, work, state, step, key, round_params):
-    """Write the updated working copies back: low-precision buffers stochastically rounded, a
-    low-precision parameter too when ``round_params``, else rounded to nearest."""
-    writes = [(buffer, value, True) for buffer, value in zip(buffers, state) if value is not buffer]
-    if work is not param:
-        writes.append((param, work, round_params and param.dtype == torch.bfloat16))
-    count = sum(rounds for _, _, rounds in writes)
-    draws = random_integers(param, step, key[0], count, key[1]) if count else []
-    for target, value, rounds in writes:
-        store(target, value, draws.pop(0) if rounds else None)
-
-
-def rounded_update(update, param, grad, buffers, scalars, constants, key, round_params):
-    """``update`` on working copies in float32 (or wider), then `store_rounded`: every buffer
-    write is stochastically rounded with random bits keyed by (tensor, step, element);
-    ``key``: the tensor's salt and `shard_layout`."""
-    step, scalars = without_step(scalars)
-    work, state = working_state(param, buffers)
-    update(work, grad, *state, **scalars, **constants)
-    store_rounded(param, buffers, work, state, step, key, round_params)
-
-
-def run_foreach_rounded(foreach_update, params, grads, buffers, scalars, constants, rounding):
-    """The foreach path for low-precision state: the multi-tensor update on working copies,
-    then each tensor stored back as `rounded_update` does."""
-    step, scalars = without_step(scalars)
-    pairs = [working_state(param, [buffer[i] for buffer in buffers])
-             for i, param in enumerate(params)]
-    work = [pair[0] for pair in pairs]
-    state = [[pair[1][b] for pair in pairs] for b in range(len(buffers))]
-    foreach_update(work, grads, *state, **scalars, **constants)
-    for i, param in enumerate(params):
-        store_rounded(param, [buffer[i] for buffer in buffers], work[i],
-                      [values[i] for values in state], step, (rounding[0][i], rounding[1][i]),
-                      rounding[2])
-
-
-def run_per_tensor_packed(update, params, grads, buffers, packed, names, constants,
-                          rounding=None):
-    """`run_per_tensor` with the per-step scalars packed in one 1-D tensor (``names`` says which
-    is which): the function the compiled path compiles. One tensor moves to the device per step
-    (asynchronously, from pinned memory) instead of one blocking copy per scalar."""
-    scalars = {name: packed[i] for i, name in enumerate(names)}
-    run_per_tensor(update, params, grads, buffers, scalars, constants, rounding)
-
-
-def compiled_available() -> bool:
-    """Whether torch.compile can run here (dynamo is unsupported on some Pythons/platforms)."""
-    try:
-        from torch._dynamo.eval_frame import is_dynamo_supported
-    except ImportError:
-        return False
-    return is_dynamo_supported()
-
-
-def compile_per_tensor_runner() -> Callable:
-    """A compiled copy of `run_per_tensor_packed` with a code object of its own.
-
-    Dynamo keeps its cache, and its recompile limit, per code object; one copy per optimizer
-    keeps optimizers (and their groups of different shapes) from evicting each other. Dynamo's
-    guards already check every input's size and stride, so inductor's own per-call size asserts
-    (one per tensor, a measurable part of a step's host time) are left out. Casts to bf16 are
-    kept as written (``emulate_precision_casts``): inductor otherwise drops a round trip
-    float32 -> bf16 -> float32, which the stochastic rounding relies on.
-    """
-    runner = run_per_tensor_packed
-    code = runner.__code__.replace()  # an equal but distinct code object
-    copy = types.FunctionType(code, runner.__globals__, runner.__name__)
-    return torch.compile(copy, fullgraph=True, dynamic=False,
-                         options={"size_asserts": False, "emulate_precision_casts": True})
-
-
-def pack_scalars(values: list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The per-step scalars as one tensor on ``device``; on a GPU copied from pinned memory
-    without blocking the host (the caching host allocator keeps the source alive until the copy
-    is done)."""
-    packed = torch.tensor(values, dtype=dtype)
-    if device.type == "cpu":
-        return packed
-    if device.type == "cuda":
-        packed = packed.pin_memory()
-    return packed.to(device, non_blocking=True)
+def device_schedule_factor(group: dict):
+    """`schedule_factor` without reading a tensor LR on the host: a 0-dim float64 tensor where
+    ``lr`` or ``initial_lr`` is a tensor (the same value: both are widened before dividing),
+    else the float (then a constant of a captured graph)."""
+    lr, initial_lr = group["lr"], group["initial_lr"]
+    if not torch.is_tensor(lr) and not torch.is_tensor(initial_lr):
+        return schedule_factor(group)
+    lr = lr.to(torch.float64) if torch.is_tensor(lr) else float(lr)
+    if not torch.is_tensor(initial_lr):
+        return lr / initial_lr if initial_lr != 0 else torch.zeros_like(lr)
+    initial_lr = initial_lr.to(torch.float64)
+    return torch.where(initial_lr != 0, divide(lr, initial_lr), 0.0)
 
 
 # On CPU a compile costs tens of seconds; below this many elements per group the foreach path
@@ -202,6 +119,19 @@ CPU_COMPILE_MIN_ELEMENTS = 2**21
 def check_impl(impl: str | None, supported: tuple[str, ...]) -> None:
     if impl is not None and impl not in supported:
         raise ValueError(f"impl must be one of {supported} or None (automatic), got {impl!r}")
+
+
+def check_capturable_group(owner: str, group: dict, impl: str | None) -> None:
+    """Refuse ``capturable=True`` where a path would read its step counts on the host: flat
+    buffers (one count per flat tensor, compared on the host) and the foreach path (Python-float
+    scalars)."""
+    if group["capturable"] and group["flat"]:
+        raise ValueError(f"{owner}: capturable=True keeps one step count per tensor on the device, "
+                         "which flat buffers cannot; drop flat=True or capturable=True for this "
+                         "group")
+    if group["capturable"] and impl == "foreach":
+        raise ValueError(f"{owner}: impl='foreach' has no capturable path; use impl='compiled' "
+                         "(or 'reference', or None) with capturable=True")
 
 
 def check_flat_group(owner: str, group: dict) -> None:
@@ -245,34 +175,6 @@ def check_betas(betas) -> None:
     check(all(0 <= beta < 1 for beta in betas), f"betas must each be in [0, 1), got {betas}")
 
 
-# -- copy-in / copy-out: the update runs in the state's dtype (float32 for bf16 parameters) -----
-
-def working_copy(param: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
-    """The parameter itself when it has the state's dtype, else a copy in that dtype."""
-    return param if param.dtype == buffer.dtype else param.to(buffer.dtype)
-
-
-def write_back(param: torch.Tensor, work: torch.Tensor) -> None:
-    """Store an updated working copy into a low-precision parameter (nothing to do otherwise)."""
-    if work is not param:
-        param.copy_(work)
-
-
-def working_copies(params, grads, buffers):
-    """`working_copy` over lists, with the gradients in the state's dtype too."""
-    work = [working_copy(p, b) for p, b in zip(params, buffers)]
-    grads = [g.to(b.dtype) for g, b in zip(grads, buffers)]
-    return work, grads
-
-
-def finish_foreach(params, work, decay):
-    """Apply the weight-decay multiplier, then `write_back` every working copy."""
-    if decay != 1:
-        torch._foreach_mul_(work, decay)
-    for param, updated in zip(params, work):
-        write_back(param, updated)
-
-
 class PerTensorOptimizer(torch.optim.Optimizer):
     """A torch optimizer whose update is one elementwise function per tensor.
 
@@ -295,16 +197,18 @@ class PerTensorOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, defaults: dict, impl: str | None = None,
                  state_dtype=torch.float32, stochastic_rounding: bool = False,
-                 flat: bool = False):
+                 flat: bool = False, capturable: bool = False):
         check_lr(defaults["lr"])
         check_impl(impl, self.supported_impls())
         self.impl = impl
         # Per group: the state's dtype, whether bf16 parameters are stochastically rounded too,
-        # the seed of the rounding's random bits (module rounding), and whether the group's
-        # tensors are kept in flat buffers (module flat).
+        # the seed of the rounding's random bits (module rounding), whether the group's tensors
+        # are kept in flat buffers (module flat), and whether a step may be captured in a CUDA
+        # graph (step counts and scalars on the device; module docstring).
         defaults = {**defaults, "state_dtype": resolve_state_dtype(state_dtype),
                     "stochastic_rounding": bool(stochastic_rounding),
-                    "rounding_seed": seed_from_torch(), "flat": bool(flat)}
+                    "rounding_seed": seed_from_torch(), "flat": bool(flat),
+                    "capturable": bool(capturable)}
         self._forget_kept()
         super().__init__(params, defaults)
 
@@ -330,11 +234,14 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        # The peak LR gamma*; torch LR schedulers use setdefault on this key, so they keep it.
-        group.setdefault("initial_lr", group["lr"])
+        # The peak LR gamma*; torch LR schedulers use setdefault on this key, so they keep it. A
+        # tensor LR is copied, as torch's schedulers do: it is changed in place as it schedules.
+        lr = group["lr"]
+        group.setdefault("initial_lr", lr.clone() if torch.is_tensor(lr) else lr)
         try:
             group["state_dtype"] = resolve_state_dtype(group["state_dtype"])
             check_flat_group(type(self).__name__, group)
+            check_capturable_group(type(self).__name__, group, self.impl)
             self.check_param_group(group)
         except ValueError:
             self.param_groups.pop()  # a refused group is not kept
@@ -348,6 +255,20 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         """The per-step scalars of a tensor of ``group`` at step ``k``."""
         constants = {name: group[name] for name in self.scalar_constants}
         return type(self).step_scalars(k, float(group["lr"]), schedule_factor(group),
+                                       **constants)
+
+    def device_scalars(self, group: dict, ks: torch.Tensor) -> dict:
+        """`scalars_for` computed on the device by the same ``step_scalars`` over ``ks``, the
+        1-D tensor of the tensors' step counts: each scalar a vector of one entry per tensor, a
+        0-dim tensor (from a tensor LR) or a number (a constant of a captured graph)."""
+        constants = {name: group[name] for name in self.scalar_constants}
+        lr = group["lr"]
+        if torch.is_tensor(lr) and lr.device != ks.device:
+            raise ValueError(f"{type(self).__name__}: with capturable=True a tensor lr must be on "
+                             f"the parameters' device ({ks.device}), got {lr.device}; create "
+                             "it there")
+        lr = lr.to(torch.float64) if torch.is_tensor(lr) else float(lr)
+        return type(self).step_scalars(ks.to(torch.float64), lr, device_schedule_factor(group),
                                        **constants)
 
     def resolve_impl(self, params: list[torch.Tensor]) -> str:
@@ -373,13 +294,19 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         state = self.state[param]
         if not state:
             # As in torch.optim: a float32 CPU tensor (exact to 2**24 steps), read without a
-            # device sync when the per-step scalars are computed.
-            state["step"] = torch.zeros((), dtype=torch.float32)
+            # device sync when the per-step scalars are computed; capturable: on the device.
+            state["step"] = torch.zeros((), dtype=torch.float32, device=self._step_device(
+                param, group))
             dtype = buffer_dtype(param, group["state_dtype"])
             for name in self.buffer_names:
                 state[name] = torch.zeros_like(param, dtype=dtype,
                                                memory_format=torch.preserve_format)
         return state
+
+    @staticmethod
+    def _step_device(param: torch.Tensor, group: dict) -> torch.device:
+        """Where a step count lives: on the parameter's device when capturable, else the CPU."""
+        return param.device if group["capturable"] else torch.device("cpu")
 
     def _gather(self, group: dict):
         """The group's tensors that have gradients: local params, grads, state buffers, steps,
@@ -436,9 +363,14 @@ class PerTensorOptimizer(torch.optim.Optimizer):
             if group["flat"] and self._step_flat(group):
                 continue
             params, grads, buffers, steps, positions = self._gather(group)
-            if params:
-                self._update_group(group, params, grads, buffers, self._advance(group, steps),
-                                   self._rounding(group, group_index, params, buffers, positions))
+            if not params:
+                continue
+            rounding = self._rounding(group, group_index, params, buffers, positions)
+            ks = self._advance(group, steps)
+            if group["capturable"]:
+                self._update_group_capturable(group, params, grads, buffers, ks, rounding)
+            else:
+                self._update_group(group, params, grads, buffers, ks, rounding)
         return loss
 
     def _step_flat(self, group: dict) -> bool:
@@ -523,19 +455,45 @@ class PerTensorOptimizer(torch.optim.Optimizer):
             else:
                 self._run_compiled(lists, scalars, constants, picked)
 
-    def _advance(self, group: dict, steps: list[torch.Tensor]) -> list[float]:
-        """Add one to each step count; returns the new counts.
+    def _update_group_capturable(self, group, params, grads, buffers, ks, rounding=None):
+        """Update the tensors of a capturable ``group`` whose step counts (advanced already, on
+        the device) are ``ks``: one update over all of them, each tensor with its own column of
+        scalars, nothing read on the host."""
+        constants = {name: group[name] for name in self.update_constants}
+        scalars = self.device_scalars(group, ks)
+        if rounding is not None:
+            scalars[ROUNDING_STEP] = ks
+        names, lists = tuple(scalars), (params, grads, buffers)
+        # foreach is refused with capturable; it is reached only after a failed compile, where
+        # the reference loop takes over.
+        if self.resolve_impl(params) == "compiled":
+            packed = pack_columns(scalars, len(params), self._scalar_dtype(params), ks.device)
+            self._call_compiled("columns", lists, (packed, names, constants, rounding), None)
+        else:
+            packed = pack_columns(scalars, len(params), torch.float64, ks.device)
+            run_per_tensor_columns(type(self).update, *lists, packed, names, constants, rounding)
 
-        The counts stay one 0-dim float32 CPU tensor per parameter (as in torch.optim, and in the
-        saved state), but those of a group are views of one tensor, so that advancing them and
-        reading them back are one operation each instead of one per tensor.
+    def _scalar_dtype(self, params: list[torch.Tensor]) -> torch.dtype:
+        """The compiled path's scalars: float32 (see float32_scalars) unless the group holds
+        float64 tensors."""
+        wide = not self.float32_scalars or any(p.dtype == torch.float64 for p in params)
+        return torch.float64 if wide else torch.float32
+
+    def _advance(self, group: dict, steps: list[torch.Tensor]):
+        """Add one to each step count; returns the new counts (capturable: the packed tensor
+        of them, on the device, unread).
+
+        The counts stay one 0-dim float32 tensor per parameter (on the CPU, or the parameter's
+        device when capturable, as in torch.optim and the saved state), but those of a group are
+        views of one tensor, so that advancing them and reading them back are one operation each
+        instead of one per tensor.
         """
         packed = self._packed_steps.get(id(group))
         if packed is None or len(packed[1]) != len(steps) or any(
                 a is not b for a, b in zip(packed[1], steps)):
             packed = self._packed_steps[id(group)] = self._pack_steps(steps)
         packed[0].add_(1)
-        return packed[0].tolist()
+        return packed[0] if group["capturable"] else packed[0].tolist()
 
     def _pack_steps(self, steps: list[torch.Tensor]):
         flat = torch.stack([step.detach().reshape(()) for step in steps]).to(torch.float32)
@@ -550,34 +508,46 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         return flat, views
 
     def _run_compiled(self, lists, scalars, constants, rounding=None):
-        device = lists[0][0].device
-        # float32 scalars (see float32_scalars) unless the group holds float64 tensors.
-        wide = not self.float32_scalars or any(p.dtype == torch.float64 for p in lists[0])
         names = tuple(scalars)
-        packed = pack_scalars([scalars[name] for name in names],
-                              torch.float64 if wide else torch.float32, device)
-        if getattr(self, "_compiled_runner", None) is None:
-            self._compiled_runner = compile_per_tensor_runner()
+        packed = pack_scalars([scalars[name] for name in names], self._scalar_dtype(lists[0]),
+                              lists[0][0].device)
+        self._call_compiled("packed", lists, (packed, names, constants, rounding), scalars)
+
+    def _call_compiled(self, runner, lists, arguments, scalars):
+        """This optimizer's compiled copy of a runner (``runner``: "packed",
+        `run_per_tensor_packed`, or "columns", `run_per_tensor_columns`) over ``lists`` and
+        ``arguments``. If compiling fails (and compiled was not asked for), warn and finish the
+        step uncompiled: with the host ``scalars``, or (capturable, ``scalars`` None) by the
+        reference loop over the packed columns."""
+        runners = self.__dict__.setdefault("_compiled_runners", {})
+        if runner not in runners:
+            runners[runner] = (compile_per_tensor_runner if runner == "packed"
+                               else compile_columns_runner)()
         try:
             # Each group compiles once (and once more per pattern of None grads).
             with torch._dynamo.config.patch(recompile_limit=8 + 2 * len(self.param_groups)):
-                self._compiled_runner(type(self).update, *lists, packed, names, constants,
-                                      rounding)
+                runners[runner](type(self).update, *lists, *arguments)
         except Exception as error:  # compilation failed (no compiler, unsupported platform)
             if self.impl == "compiled" or getattr(self, "_compile_worked", False):
                 raise
             warnings.warn(f"{type(self).__name__}: torch.compile failed ({error}); "
-                          "using the non-compiled path", stacklevel=4)
+                          "using the non-compiled path", stacklevel=5)
             self.impl = self.uncompiled_impl(lists[0])
-            if self.impl == "foreach" and rounding is not None:
-                run_foreach_rounded(type(self).foreach_update, *lists, scalars, constants,
-                                    rounding)
-            elif self.impl == "foreach":
-                type(self).foreach_update(lists[0], lists[1], *lists[2], **scalars, **constants)
+            if scalars is None:
+                run_per_tensor_columns(type(self).update, *lists, *arguments)
             else:
-                run_per_tensor(type(self).update, *lists, scalars, constants, rounding)
+                self._run_uncompiled(lists, scalars, *arguments[2:])
             return
         self._compile_worked = True
+
+    def _run_uncompiled(self, lists, scalars, constants, rounding):
+        """The step on the path `uncompiled_impl` chose, with host scalars."""
+        if self.impl == "foreach" and rounding is not None:
+            run_foreach_rounded(type(self).foreach_update, *lists, scalars, constants, rounding)
+        elif self.impl == "foreach":
+            type(self).foreach_update(lists[0], lists[1], *lists[2], **scalars, **constants)
+        else:
+            run_per_tensor(type(self).update, *lists, scalars, constants, rounding)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load, with the saved state kept as saved: torch casts floating-point state to
@@ -586,18 +556,23 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         ``step`` (torch's older format) becomes a float32 tensor, as torch does.
 
         The restoring runs as the first post-hook, on the state dict every pre-hook has seen, so
-        what registered load-state-dict hooks do is kept."""
+        what registered load-state-dict hooks do is kept. ``capturable`` stays this optimizer's
+        (how the step runs, not training state), and each step count moves to where it wants
+        it: the parameter's device when capturable, else the CPU."""
         loaded: dict = {}
+        capturable = [group["capturable"] for group in self.param_groups]
 
         def keep(optimizer, final_state_dict):  # registered last: sees every pre-hook's work
             loaded["state_dict"] = final_state_dict
 
         def restore(optimizer):
-            optimizer._restore_saved_state(loaded["state_dict"])
-            for group in optimizer.param_groups:  # saved before the rounding settings existed
+            for group, mode in zip(optimizer.param_groups, capturable):
+                # saved before the rounding settings existed
                 for key in ("state_dtype", "stochastic_rounding", "rounding_seed", "flat"):
                     group.setdefault(key, optimizer.defaults[key])
                 group["state_dtype"] = resolve_state_dtype(group["state_dtype"])
+                group["capturable"] = mode
+            optimizer._restore_saved_state(loaded["state_dict"])
 
         handles = (self.register_load_state_dict_pre_hook(keep),
                    self.register_load_state_dict_post_hook(restore, prepend=True))
@@ -609,11 +584,12 @@ class PerTensorOptimizer(torch.optim.Optimizer):
 
     def _restore_saved_state(self, state_dict: dict) -> None:
         saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
-        params = chain.from_iterable(g["params"] for g in self.param_groups)
-        for saved_id, param in zip(saved_ids, params):
+        params = chain.from_iterable([(p, g) for p in g["params"]] for g in self.param_groups)
+        for saved_id, (param, group) in zip(saved_ids, params):
             for key, value in state_dict["state"].get(saved_id, {}).items():
                 if torch.is_tensor(value):
-                    device = "cpu" if key == "step" else param.device
+                    device = self._step_device(param, group) if key == "step" else param.device
                     self.state[param][key] = value.to(device=device, copy=True)
                 elif key == "step":
-                    self.state[param][key] = torch.tensor(float(value), dtype=torch.float32)
+                    self.state[param][key] = torch.tensor(float(value), dtype=torch.float32,
+                                                          device=self._step_device(param, group))

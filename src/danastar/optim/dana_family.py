@@ -57,7 +57,7 @@ class DanaBase(PerTensorOptimizer):
     def __init__(self, params, lr=DEFAULT_LR, *, delta=DEFAULT_DELTA, kappa=DEFAULT_KAPPA,
                  clipsnr=None, weight_decay=0.0, wd_ts=None, omega=None, total_steps=None,
                  eps=1e-8, impl=None, state_dtype=torch.float32, stochastic_rounding=False,
-                 flat=False):
+                 flat=False, capturable=False):
         owner = type(self).__name__
         params, weight_decay, wd_ts = resolve_weight_decay(
             owner, paper_call(owner), params, weight_decay, wd_ts, omega, total_steps)
@@ -67,7 +67,7 @@ class DanaBase(PerTensorOptimizer):
         defaults = dict(lr=lr, delta=delta, kappa=kappa, clipsnr=clipsnr,
                         weight_decay=weight_decay, wd_ts=wd_ts, eps=eps)
         super().__init__(params, defaults, impl, state_dtype, stochastic_rounding,
-                         flat)
+                         flat, capturable)
 
     def check_param_group(self, group: dict) -> None:
         owner = type(self).__name__

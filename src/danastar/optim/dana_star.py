@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import torch
 
-from .base import decay_multiplier, finish_foreach, working_copies, working_copy, write_back
+from .base import (
+    decay_multiplier,
+)
 from .dana_family import DanaBase, foreach_log_time_moments
+from .paths import finish_foreach, working_copies, working_copy, write_back
+from .scalar_math import divide
 
 
 def dana_star_scalars(k, lr, schedule_factor, *, delta, weight_decay, wd_ts):
     """Per-step scalars of Dana-Star at step k: a_k, k itself (for the effective time), the
-    floor 1 / (1 + k) of the regularised probability, the LR and the weight-decay multiplier."""
-    return {"a": delta / (delta + k), "k": k, "tau_floor": 1 / (1 + k), "lr": lr,
+    floor 1 / (1 + k) of the regularised probability, the LR and the weight-decay multiplier
+    (k a number, or a tensor of counts: capturable)."""
+    return {"a": divide(delta, delta + k), "k": k, "tau_floor": divide(1, 1 + k), "lr": lr,
             "decay": decay_multiplier(weight_decay, schedule_factor, k, wd_ts)}
 
 
@@ -139,7 +144,7 @@ class DanaStar(DanaBase):
             paper; total_steps is the run's length T in optimizer steps).
         eps: added to sqrt(v) in the denominator D.
         impl: "reference", "foreach", "compiled" or None (automatic), as for :class:`ADana`.
-        state_dtype, stochastic_rounding, flat: as for :class:`ADana`.
+        state_dtype, stochastic_rounding, flat, capturable: as for :class:`ADana`.
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq", "tau")
