@@ -22,6 +22,10 @@ from danastar.train.weights import load_weights  # noqa: E402
 
 from export_helpers import ARCHS, TINY, danastar  # noqa: E402
 
+# The module's fixture trains its runs once: keep its tests on one xdist worker, which
+# would otherwise train them again.
+pytestmark = pytest.mark.xdist_group("init-from-exports")
+
 
 @pytest.fixture(scope="module")
 def exports(runs, tmp_path_factory):

@@ -18,6 +18,10 @@ from danastar.train.tau_stats import order_indices
 
 from train_helpers import assert_ok, assert_stopped_with_work_left, metrics, run_train
 
+# The module's fixture trains its runs once: keep its tests on one xdist worker, which
+# would otherwise train them again.
+pytestmark = pytest.mark.xdist_group("experts-runs")
+
 # 8 experts, n_embd 64: the optimizer's groups stay below the size it compiles on a CPU
 LAYERS, ROUTED, STEPS = 2, 8, 12
 SPARSE = ["--arch", "enoki", "--moe", "--moe_num_experts", str(ROUTED),

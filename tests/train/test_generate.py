@@ -14,6 +14,10 @@ from danastar.errors import UserError
 
 from train_helpers import assert_ok, environment, run_train
 
+# The module's fixture trains its runs once: keep its tests on one xdist worker, which
+# would otherwise train them again.
+pytestmark = pytest.mark.xdist_group("generate-runs")
+
 
 def test_a_path_that_is_no_run_is_one_sentence(tmp_path):
     with pytest.raises(UserError, match="neither a run directory"):

@@ -20,6 +20,10 @@ from train_helpers import (
     run_train,
 )
 
+# The module's fixture trains its runs once: keep its tests on one xdist worker, which
+# would otherwise train them again.
+pytestmark = pytest.mark.xdist_group("moe-train-runs")
+
 STEPS, STOP_AT = 6, 3
 SHAKESPEARE = ["--dataset", "shakespeare", "--iterations", str(STEPS), "--eval_interval", "3",
                "checkpoint.latest_every=-1", "train.peak_flops=1e12"]
