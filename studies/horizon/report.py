@@ -428,7 +428,10 @@ def report() -> None:
         first = records.find_runs([FIRST_RECORDS], note=quiet)
         text += ["## Ablations at the first study's budget and best LRs", ""]
         text += ablation_table(ablated, first) + [""]
-    text += ["## CPU time", "", cpu_time(complete) if complete else "no runs yet.", ""]
+    text += ["## CPU time", ""]
+    text += [f"* {part}: {cpu_time(part_runs)}" for part, part_runs in
+             (("the horizon", horizon_runs), ("the ablations", ablated)) if part_runs]
+    text += ["" if complete else "no runs yet.", ""]
     (OUT / "results.md").write_text("\n".join(text))
     SUMMARY.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
     print("wrote", (OUT / "results.md").relative_to(ROOT), "and",
