@@ -87,46 +87,69 @@ def main(argv: list[str]) -> int:
     if args.kind != "curves":  # curves draws every run apart, each labelled with its dataset
         records.one_dataset(runs, f"a {args.kind} figure")
         records.check_distinct_seeds(runs)
-    baseline = args.vs
-    if args.kind in ("scaling", "within-size"):
-        baseline = records.match_optimizer({r.group for r in runs}, args.vs)
-        if baseline != args.vs:
-            print(f"--vs {args.vs} is {baseline}")
-    if args.kind == "scaling":
-        figure = plots.scaling(table.best_per_size(runs), baseline=baseline, fit=args.fit)
-        if figure.fit is not None:
-            print(f"floor a = {figure.fit.floor:.4g}, R² = {figure.fit.r2:.4f}")
-    elif args.kind == "lr-sweep":
-        figure = plots.lr_sweeps(runs)
-    elif args.kind == "within-size":
-        figure = plots.within_size(budgets.within_size_multipliers(runs, baseline), baseline)
-    elif args.kind == "curves":
-        figure = plots.curves(runs, x=args.x, best=args.best)
-    elif args.kind == "lrlaw":
-        figure, fits = plots.lrlaw_figure(runs, k=args.top_k, omega=args.omega,
-                                          bootstrap=args.bootstrap, seed=args.seed,
-                                          b_from_paper=args.b_from_paper,
-                                          allow_unswept=args.allow_unswept)
-        for group, fit in fits.items():
-            base = group.split(" ")[0]
-            kappa = next((r.kappa for r in runs if r.group == group), None)
-            if fit.has_interval:
-                print(f"# {group}: 95% intervals {fit.interval_text()}")
-            else:
-                print(f"# {group}: no bootstrap interval: with {len(fit.points)} sizes every "
-                      "resample only reorders them; add a size")
-            print(fit.rules_row(base, kappa))
-    else:
-        figure, parabolas = plots.lr_sensitivity(runs, min_lrs=args.min_lrs)
-        for group, per_size in parabolas.items():
-            for (arch, heads), p in per_size.items():
-                if not p.has_minimum:
-                    print(f"{group} {arch} h{heads}: no minimum inside the swept LRs")
-                    continue
-                print(f"{group} {arch} h{heads}: curvature ζ = {p.curvature:.4g}, "
-                      f"lr* = {p.best_lr:.3g}, L* = {p.best_loss:.4f}")
-    _save(figure, out)
+    _save(FIGURES[args.kind](runs, args), out)
     return 0
+
+
+def _baseline(runs, args) -> str:
+    """The run group `--vs` names (a prefix or near name is matched, and said)."""
+    baseline = records.match_optimizer({r.group for r in runs}, args.vs)
+    if baseline != args.vs:
+        print(f"--vs {args.vs} is {baseline}")
+    return baseline
+
+
+def _scaling(runs, args):
+    figure = plots.scaling(table.best_per_size(runs), baseline=_baseline(runs, args),
+                           fit=args.fit)
+    if figure.fit is not None:
+        print(f"floor a = {figure.fit.floor:.4g}, R² = {figure.fit.r2:.4f}")
+    return figure
+
+
+def _within_size(runs, args):
+    baseline = _baseline(runs, args)
+    return plots.within_size(budgets.within_size_multipliers(runs, baseline), baseline)
+
+
+def _lrlaw(runs, args):
+    figure, fits = plots.lrlaw_figure(runs, k=args.top_k, omega=args.omega,
+                                      bootstrap=args.bootstrap, seed=args.seed,
+                                      b_from_paper=args.b_from_paper,
+                                      allow_unswept=args.allow_unswept)
+    for group, fit in fits.items():
+        base = group.split(" ")[0]
+        kappa = next((r.kappa for r in runs if r.group == group), None)
+        if fit.has_interval:
+            print(f"# {group}: 95% intervals {fit.interval_text()}")
+        else:
+            print(f"# {group}: no bootstrap interval: with {len(fit.points)} sizes every "
+                  "resample only reorders them; add a size")
+        print(fit.rules_row(base, kappa))
+    return figure
+
+
+def _lr_sensitivity(runs, args):
+    figure, parabolas = plots.lr_sensitivity(runs, min_lrs=args.min_lrs)
+    for group, per_size in parabolas.items():
+        for (arch, heads), p in per_size.items():
+            if not p.has_minimum:
+                print(f"{group} {arch} h{heads}: no minimum inside the swept LRs")
+                continue
+            print(f"{group} {arch} h{heads}: curvature ζ = {p.curvature:.4g}, "
+                  f"lr* = {p.best_lr:.3g}, L* = {p.best_loss:.4f}")
+    return figure
+
+
+# The figures drawn from run records: kind -> (runs, parsed arguments) -> figure.
+FIGURES = {
+    "scaling": _scaling,
+    "lr-sweep": lambda runs, args: plots.lr_sweeps(runs),
+    "within-size": _within_size,
+    "curves": lambda runs, args: plots.curves(runs, x=args.x, best=args.best),
+    "lrlaw": _lrlaw,
+    "lr-sensitivity": _lr_sensitivity,
+}
 
 
 def _say(message: str) -> None:

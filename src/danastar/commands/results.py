@@ -153,21 +153,36 @@ def main(argv: list[str]) -> int:
             durable.check_output(Path(target), flag)
     runs = records.find_runs(args.dirs, note=_say)
     baseline = args.vs and records.match_optimizer({r.group for r in runs}, args.vs)
-    if args.within_size:
-        rows = [r.row() for r in budgets.within_size_multipliers(runs, baseline)]
-        columns = WITHIN_SIZE_COLUMNS
-    elif args.vs:
-        rows = table.with_multipliers(table.best_per_size(runs), baseline, runs)
-        columns = table.BEST_COLUMNS + ("multiplier", "saved_fraction")
-    elif args.best:
-        rows = [b.row() for b in table.best_per_size(runs)]
-        columns = table.BEST_COLUMNS
-    else:
-        labels = records.dataset_labels(runs)
-        evals = table.eval_columns(runs)  # `danastar eval`'s newest scores, beside the losses
-        rows = [table.run_row(r, labels, evals) for r in runs]
-        columns = table.run_columns(evals)
+    rows, columns = _table(runs, args, baseline)
     matched = f"--vs {args.vs} is {baseline}" if args.vs and baseline != args.vs else None
+    if args.csv or args.json:
+        _write_files(args, rows, columns)
+        if matched:
+            _say(matched)
+        return 0
+    print(render(rows, columns, rich_ok=sys.stdout.isatty()))
+    if matched:
+        print(f"({matched})")
+    _print_notes(runs, rows, args, baseline)
+    return 0
+
+
+def _table(runs, args, baseline) -> tuple[list[dict], tuple[str, ...]]:
+    """The rows and columns that the flags ask for."""
+    if args.within_size:
+        return ([r.row() for r in budgets.within_size_multipliers(runs, baseline)],
+                WITHIN_SIZE_COLUMNS)
+    if args.vs:
+        return (table.with_multipliers(table.best_per_size(runs), baseline, runs),
+                table.BEST_COLUMNS + ("multiplier", "saved_fraction"))
+    if args.best:
+        return [b.row() for b in table.best_per_size(runs)], table.BEST_COLUMNS
+    labels = records.dataset_labels(runs)
+    evals = table.eval_columns(runs)  # `danastar eval`'s newest scores, beside the losses
+    return [table.run_row(r, labels, evals) for r in runs], table.run_columns(evals)
+
+
+def _write_files(args, rows: list[dict], columns) -> None:
     if args.csv:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else list(columns))
@@ -176,13 +191,10 @@ def main(argv: list[str]) -> int:
         _write(args.csv, buffer.getvalue(), "--csv")
     if args.json:
         _write(args.json, json.dumps(rows, indent=1) + "\n", "--json")
-    if args.csv or args.json:
-        if matched:
-            _say(matched)
-        return 0
-    print(render(rows, columns, rich_ok=sys.stdout.isatty()))
-    if matched:
-        print(f"({matched})")
+
+
+def _print_notes(runs, rows: list[dict], args, baseline) -> None:
+    """What the table's marks mean, and which runs it leaves out."""
     if any(row.get("multiplier_kind", "").startswith("extrap") for row in rows):
         print(f"* extrapolated beyond the range of {baseline}'s losses")
     if any(row.get("untuned") for row in rows):
@@ -192,4 +204,3 @@ def main(argv: list[str]) -> int:
     partial = sum(1 for r in runs if not r.complete)
     if partial and (args.best or args.vs):
         print(f"({partial} partial run(s) left out)")
-    return 0
