@@ -373,6 +373,24 @@ def _default_note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _run_dirs_in(path: Path) -> tuple[list[Path], int]:
+    """(the run directories that `path` is or holds, how many runs below it were moved aside
+    into previous-<time>/); checkpoints' own plan files are not runs."""
+    if not path.exists():
+        raise UserError(f"{path} does not exist; give run directories or sweep directories.")
+    if _is_run_dir(path):
+        return [path], 0
+    found, aside = [], 0
+    for plan in sorted(path.rglob(PLAN_FILE)):
+        if "checkpoints" in plan.parent.relative_to(path).parts:
+            continue
+        if _moved_aside(plan.parent, path):
+            aside += 1
+        else:
+            found.append(plan.parent)
+    return found, aside
+
+
 def find_runs(paths: Iterable[str | Path],
               note: Callable[[str], None] | None = None) -> list[Run]:
     """Every run directory given, or found below a directory given (a sweep), sorted by path.
@@ -387,19 +405,9 @@ def find_runs(paths: Iterable[str | Path],
     found: list[Path] = []
     aside = 0
     for path in paths:
-        if not path.exists():
-            raise UserError(f"{path} does not exist; give run directories or sweep directories.")
-        if _is_run_dir(path):
-            found.append(path)
-            continue
-        for plan in sorted(path.rglob(PLAN_FILE)):
-            inside = plan.parent.relative_to(path).parts
-            if "checkpoints" in inside:
-                continue
-            if _moved_aside(plan.parent, path):
-                aside += 1
-                continue
-            found.append(plan.parent)
+        runs_here, aside_here = _run_dirs_in(path)
+        found += runs_here
+        aside += aside_here
     if not found:
         where = ", ".join(str(p) for p in paths)
         raise UserError(f"no run directories (with a plan.json) under {where}; point at a run "

@@ -158,16 +158,8 @@ def simulate(model: PLRF, schedules: Sequence[Schedule] = (), batch: int = 1,
     `framework`: the optimizers of danastar.optim (``"torch"``) or of danastar.optax
     (``"jax"``, the four DANA optimizers of `JAX_OPTIMIZERS`).
     """
-    if framework not in FRAMEWORKS:
-        raise ValueError(f"framework must be one of {FRAMEWORKS}, got {framework!r}")
-    if framework == "jax":
-        unknown = [spec.name for spec in optimizers if spec.name not in JAX_OPTIMIZERS]
-        if unknown:
-            raise ValueError(f"danastar.optax has no {', '.join(unknown)}; it has "
-                             f"{', '.join(JAX_OPTIMIZERS)}")
     schedules, optimizers = list(schedules), list(optimizers)
-    if not schedules and not optimizers:
-        raise ValueError("simulate needs at least one schedule or optimizer")
+    _check_arguments(framework, schedules, optimizers)
     times = evaluation_times(steps) if times is None else np.asarray(times, dtype=np.int64)
     d, n_sched, n_opt = model.d, len(schedules), len(optimizers)
     s = model.singular_values
@@ -186,50 +178,27 @@ def simulate(model: PLRF, schedules: Sequence[Schedule] = (), batch: int = 1,
     risks = np.empty((n_sched + n_opt, seeds, len(times)))
     record = {int(t): k for k, t in enumerate(times)}
 
-    def eigen_errors_of_optimizers():
-        return [view @ basis - target for view in runner.values()]
+    def optimizer_errors():  # per optimizer, (seeds, d) in the eigenbasis
+        return [view @ basis - target for view in runner.values()] if runner else []
 
     def save(k):
         if n_sched:
-            risks[:n_sched, :, k] = 0.5 * np.sum((s * error) ** 2, axis=-1) + model.risk_infinity
-        if n_opt:
-            for i, e in enumerate(eigen_errors_of_optimizers()):
-                risks[n_sched + i, :, k] = 0.5 * np.sum((s * e) ** 2, -1) + model.risk_infinity
+            risks[:n_sched, :, k] = _risk(model, error)
+        for i, e in enumerate(optimizer_errors()):
+            risks[n_sched + i, :, k] = _risk(model, e)
 
     def run_steps():
         nonlocal error, momentum
-        coefficients = None
-        for start in range(0, steps, chunk):
-            stop = min(start + chunk, steps)
-            xi_chunk = rng.standard_normal((stop - start, seeds, batch, d))
-            eta_chunk = rng.standard_normal((stop - start, seeds, batch))
+        for t, xi, eta, coefficients in _stream(rng, schedules, steps, chunk, seeds, batch, d):
+            if t in record:
+                save(record[t])
+            noise = noise_scale * eta
             if n_sched:
-                t = np.arange(start, stop, dtype=np.float64)
-                coefficients = np.stack([np.stack(sch.values(t), axis=-1) for sch in schedules])
-            for offset in range(stop - start):
-                t = start + offset
-                if t in record:
-                    save(record[t])
-                xi, eta = xi_chunk[offset], eta_chunk[offset]  # (seeds, B, d), (seeds, B)
-                noise = noise_scale * eta
-                if n_sched:
-                    # residual of each sample: xi^T S e - ||r|| eta; gradient: S xi residual / B
-                    residual = np.einsum("msd,sbd->msb", s * error, xi) - noise
-                    grad = s * np.einsum("msb,sbd->msd", residual, xi) / batch
-                    g1, g2, g3, D = (coefficients[:, offset, i][:, None, None] for i in range(4))
-                    if normalised.any():
-                        twice = np.sum((s * error) ** 2, axis=-1) + 2 * model.risk_infinity
-                        scale = np.where(normalised[:, None], 1 / np.sqrt(twice), 1.0)[..., None]
-                        g2, g3 = g2 * scale, g3 * scale
-                    momentum = (1 - D) * momentum + g1 * grad
-                    error = error - g2 * grad - g3 * momentum
-                if n_opt:
-                    grads = []
-                    for e in eigen_errors_of_optimizers():
-                        residual = np.einsum("sd,sbd->sb", s * e, xi) - noise
-                        grad_eigen = s * np.einsum("sb,sbd->sd", residual, xi) / batch
-                        grads.append(grad_eigen @ basis.T)
-                    runner.step(grads)
+                error, momentum = _schedules_step(model, error, momentum, coefficients,
+                                                  normalised, xi, noise)
+            if n_opt:
+                runner.step([_sample_gradient(s, e, xi, noise) @ basis.T
+                             for e in optimizer_errors()])
 
     with runner.running() if runner is not None else nullcontext():
         run_steps()
@@ -237,3 +206,61 @@ def simulate(model: PLRF, schedules: Sequence[Schedule] = (), batch: int = 1,
             save(record[steps])
     names = [sch.name for sch in schedules] + [o.display_name for o in optimizers]
     return SimulationResult(names, times.astype(np.float64), risks, model.risk_infinity)
+
+
+def _check_arguments(framework: str, schedules: list[Schedule],
+                     optimizers: list[TorchOptimizer]) -> None:
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework must be one of {FRAMEWORKS}, got {framework!r}")
+    if framework == "jax":
+        unknown = [spec.name for spec in optimizers if spec.name not in JAX_OPTIMIZERS]
+        if unknown:
+            raise ValueError(f"danastar.optax has no {', '.join(unknown)}; it has "
+                             f"{', '.join(JAX_OPTIMIZERS)}")
+    if not schedules and not optimizers:
+        raise ValueError("simulate needs at least one schedule or optimizer")
+
+
+def _stream(rng: np.random.Generator, schedules: list[Schedule], steps: int, chunk: int,
+            seeds: int, batch: int, d: int) -> Iterator[tuple]:
+    """Per step t: (t, xi (seeds, B, d), eta (seeds, B), the schedules' (g1, g2, g3, Delta) at
+    t (schedules, 4), or None without schedules), drawn `chunk` steps at a time."""
+    for start in range(0, steps, chunk):
+        stop = min(start + chunk, steps)
+        xi_chunk = rng.standard_normal((stop - start, seeds, batch, d))
+        eta_chunk = rng.standard_normal((stop - start, seeds, batch))
+        t = np.arange(start, stop, dtype=np.float64)
+        coefficients = (np.stack([np.stack(sch.values(t), axis=-1) for sch in schedules])
+                        if schedules else None)
+        for offset in range(stop - start):
+            yield (start + offset, xi_chunk[offset], eta_chunk[offset],
+                   None if coefficients is None else coefficients[:, offset])
+
+
+def _risk(model: PLRF, error: np.ndarray) -> np.ndarray:
+    """The population risk of errors (..., d) in the eigenbasis: ||S e||^2 / 2 + R_inf."""
+    return 0.5 * np.sum((model.singular_values * error) ** 2, axis=-1) + model.risk_infinity
+
+
+def _sample_gradient(s: np.ndarray, error: np.ndarray, xi: np.ndarray,
+                     noise: np.ndarray) -> np.ndarray:
+    """The minibatch gradient in the eigenbasis, for errors of shape (..., seeds, d): the
+    residual of each sample is xi^T S e - ||r|| eta, the gradient S xi residual / B."""
+    residual = np.einsum("...sd,sbd->...sb", s * error, xi) - noise
+    return s * np.einsum("...sb,sbd->...sd", residual, xi) / xi.shape[1]
+
+
+def _schedules_step(model: PLRF, error: np.ndarray, momentum: np.ndarray,
+                    coefficients: np.ndarray, normalised: np.ndarray, xi: np.ndarray,
+                    noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One step of every schedule (axis 0 of `error` and `momentum`, (schedules, seeds, d)),
+    with this step's (g1, g2, g3, Delta) per schedule in `coefficients` (schedules, 4)."""
+    s = model.singular_values
+    grad = _sample_gradient(s, error, xi, noise)
+    g1, g2, g3, D = (coefficients[:, i][:, None, None] for i in range(4))
+    if normalised.any():
+        twice = np.sum((s * error) ** 2, axis=-1) + 2 * model.risk_infinity
+        scale = np.where(normalised[:, None], 1 / np.sqrt(twice), 1.0)[..., None]
+        g2, g3 = g2 * scale, g3 * scale
+    momentum = (1 - D) * momentum + g1 * grad
+    return error - g2 * grad - g3 * momentum, momentum
