@@ -36,8 +36,8 @@ from collections.abc import Callable
 from itertools import chain
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from .dtensors import is_dtensor
 from .flat import FlatLayout, build_layout
 from .paths import (
     ROUNDING_STEP,
@@ -62,7 +62,7 @@ STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor a rank owns: the local shard of a DTensor (sharing its storage), else itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 def buffer_dtype(param: torch.Tensor, group_state_dtype: torch.dtype) -> torch.dtype:
@@ -346,7 +346,7 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     def _local_grad(self, param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         if grad.is_sparse:
             raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-        if isinstance(grad, DTensor):
+        if is_dtensor(grad):
             if grad.placements != param.placements:
                 # The update is elementwise on local shards: lay the grad out like the param.
                 grad = grad.redistribute(param.device_mesh, param.placements)

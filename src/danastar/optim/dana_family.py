@@ -4,7 +4,6 @@ hyperparameters and their checks, the log-time moment update, and the diagnostic
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from .base import (
     DEFAULT_LR,
@@ -14,6 +13,7 @@ from .base import (
     check_non_negative,
     check_positive_or_none,
 )
+from .dtensors import is_dtensor
 from .weight_decay import check_constant_decay, paper_call, resolve_weight_decay
 
 DEFAULT_DELTA = 8.0  # damping δ of the EMA coefficient a_k = δ / (δ + k)
@@ -45,7 +45,7 @@ def check_dana_hyperparameters(lr, delta, kappa, clipsnr, weight_decay, wd_ts, e
 def _total(tensor: torch.Tensor) -> float:
     """Sum of all elements as a float; for a DTensor, over every rank's shard."""
     total = tensor.sum(dtype=torch.float64)
-    return float(total.full_tensor() if isinstance(total, DTensor) else total)
+    return float(total.full_tensor() if is_dtensor(total) else total)
 
 
 class DanaBase(PerTensorOptimizer):

@@ -38,7 +38,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from .dtensors import is_dtensor
 
 ALIGNMENT = 16  # elements: each parameter starts on a 64-byte boundary (float32)
 # The largest tensor that joins the flat buffer. On one CPU core a tensor's dispatch costs about
@@ -95,7 +96,7 @@ class FlatLayout:
 
 def check_flattenable(params: list[torch.Tensor], owner: str) -> None:
     """Refuse (ValueError) a group that cannot be laid out flat."""
-    if any(isinstance(p, DTensor) for p in params):
+    if any(is_dtensor(p) for p in params):
         raise ValueError(f"{owner}: flat=True is for plain tensors; a DTensor-sharded model "
                          "(FSDP2) keeps its own layout, so leave flat=False there")
     kinds = {(p.device, p.dtype) for p in params}

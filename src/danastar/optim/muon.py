@@ -12,9 +12,15 @@ decay; every incoming group keeps its own ``weight_decay``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+
+from .dtensors import is_dtensor
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 ADAMW_ONLY_SUFFIXES = ("embed.weight", "lm_head.weight")
 
@@ -28,6 +34,8 @@ def uses_muon(name: str | None, param: torch.Tensor) -> bool:
 def holds_whole_matrices(tensor: DTensor) -> bool:
     """Whether every rank's shard of a DTensor stack (E, out, in) holds whole (out, in) matrices:
     it is split along its first dimension only (as FSDP2 and expert parallelism split experts)."""
+    from torch.distributed.tensor import Shard
+
     return tensor.ndim == 3 and all(
         placement.is_replicate() or (type(placement) is Shard and placement.dim == 0)
         for placement in tensor.placements)
@@ -43,7 +51,9 @@ def orthogonalise(update: torch.Tensor, coefficients, steps: int, eps: float) ->
     its first dimension already holds whole matrices on each rank and is done in place. Plain
     tensors take the path they always took.
     """
-    if isinstance(update, DTensor):
+    if is_dtensor(update):
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
         mesh, placements = update.device_mesh, update.placements
         if holds_whole_matrices(update):
             local = orthogonalise(update.to_local(), coefficients, steps, eps)
@@ -86,7 +96,7 @@ class StackedMuon(torch.optim.Muon):
                 if param.grad is None:
                     continue
                 grad = param.grad
-                if isinstance(grad, DTensor) and grad.placements != param.placements:
+                if is_dtensor(grad) and grad.placements != param.placements:
                     grad = grad.redistribute(param.device_mesh, param.placements)
                 state = self.state[param]
                 if "momentum_buffer" not in state:

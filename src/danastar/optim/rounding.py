@@ -25,7 +25,8 @@ draw unsharded.
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from .dtensors import is_dtensor
 
 MASK32 = 0xFFFFFFFF
 HASH_MULTIPLIER = 0x45D9F3B  # < 2**27, so products of 32-bit values stay exact in int64
@@ -65,7 +66,7 @@ def shard_layout(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]
     each dimension, and the whole tensor's contiguous strides."""
     shape = tuple(param.shape)
     offsets = (0,) * len(shape)
-    if isinstance(param, DTensor):
+    if is_dtensor(param):
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
         _, offsets = compute_local_shape_and_global_offset(shape, param.device_mesh,
