@@ -163,10 +163,9 @@ def plan_run(sweep_name: str, point: SweepPoint, root: Path, train_argv: list[st
     """Resolve one point as `danastar submit --array` does (the same checks, the same LR from
     `lr_multiplier`), so that both ways of running a sweep train the same runs; where the point
     has trained before, compare its settings with the recorded ones as `danastar train` does."""
-    from danastar.launch.jobs import finish_run
+    from danastar.launch.jobs import validated_run
     from danastar.train import identity
     from danastar.train.data import open_tokens
-    from danastar.train.plan import dry_run
 
     run_dir = root / point.name
     too_long = name_too_long(run_dir)
@@ -177,9 +176,10 @@ def plan_run(sweep_name: str, point: SweepPoint, root: Path, train_argv: list[st
     argv = [*train_argv, *point.train_argv()]
     try:
         world = load_config(argv)[0].parallel.nproc
-        argv = finish_run(argv, run_dir, world, None, point.lr_multiplier, write=False)
-        config, _ = load_config(argv)
-        planned = dry_run(config, run_dir=run_dir)
+        # checked as `danastar submit --array` checks a job; its config and plan are the run's
+        argv, extra, planned, config = validated_run(argv, world, None, point.lr_multiplier,
+                                                     run_dir)
+        argv = [*argv, *extra]
         plan = planned["plan"]
         iterations, refused = plan["iterations"], []
         if identity.has_earlier_run(run_dir):
