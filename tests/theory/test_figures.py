@@ -109,6 +109,9 @@ def test_scaling_and_kappa_commands(tmp_path):
     (["compare", "--optim", "adana:lr=1e-3,lr=2"], "sets lr twice; give it once."),
     (["compare", "--optim", "adana:=3,lr=1"], "write options as key=value"),
     (["compare", "--seed", "-1"], "--seed must be >= 0"),
+    # a draw of 5e6 x 1e6 float64 features: refused before it is attempted
+    (["compare", "--d", "1000000"], "--d 1000000 with v = 5000000 draws a v × d random-feature "
+                                    "matrix and takes its SVD, about 223,517.4 GiB"),
 ])
 def test_user_errors_are_one_sentence_and_exit_2(argv, needle, capsys, tmp_path):
     assert main(["theory", *argv, "--out", str(tmp_path)]) == 2

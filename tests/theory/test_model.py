@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -71,3 +74,20 @@ def test_theory_inputs():
     shifted = theory_inputs(1.0, 0.7, 50)
     c_beta = np.sum(np.arange(1, 51.0) ** -1.4)
     assert shifted.rho[-1] == pytest.approx(50.0 ** -1.4 + c_beta / 50)
+
+
+def test_a_draw_takes_no_more_memory_than_it_says():
+    """`PLRF.peak_bytes` (what `theory compare` checks against the memory available) bounds the
+    peak a draw adds, measured in a fresh process (VmHWM: getrusage's maximum would carry the
+    parent's over exec)."""
+    script = ("from danastar.theory import PLRF\n"
+              "def peak():\n"
+              "    status = open('/proc/self/status').read()\n"
+              "    return int(status.split('VmHWM:')[1].split()[0]) * 1024\n"
+              "before = peak()\n"
+              "PLRF(1.0, 0.5, 500, 2500)\n"
+              "print(peak() - before)\n")
+    added = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                               check=True).stdout)
+    matrix = 8 * 500 * 2500
+    assert 3 * matrix < added <= PLRF.peak_bytes(500, 2500), added / matrix

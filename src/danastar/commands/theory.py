@@ -112,6 +112,21 @@ def _validate(args) -> None:
     if getattr(args, "v", None) is not None:
         d = args.d if args.d is not None else DEFAULT_D[args.figure]
         _check(args.v >= d, f"--v must be >= d = {d}, got {args.v}; pass a larger --v.")
+    if args.figure == "compare":
+        _draw_fits_in_memory(args.d or DEFAULT_D["compare"], args.v)
+
+
+def _draw_fits_in_memory(d: int, v: int | None) -> None:
+    """compare's simulation draws a v × d random-feature matrix and takes its SVD: refuse a
+    draw that would not fit in the memory available now, before it starts."""
+    from danastar.machine import available_memory
+    from danastar.theory.model import PLRF
+
+    need, free = PLRF.peak_bytes(d, v), available_memory()
+    _check(free is None or need <= free,
+           f"--d {d} with v = {v or 5 * d} draws a v × d random-feature matrix and takes its "
+           f"SVD, about {need / 2**30:,.1f} GiB, more than the "
+           f"{free / 2**30:,.1f} GiB this machine has available; give a smaller --d (or --v).")
 
 
 def _horizon_fits(d: int, alpha: float, factor: float, what: str, fix: str) -> None:

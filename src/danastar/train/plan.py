@@ -22,6 +22,7 @@ from danastar.config import (
 )
 from danastar.data.prepared import META_FILE, RAW_META, prepared_format
 from danastar.errors import UserError
+from danastar.machine import available_memory
 from danastar.models.config import ModelConfig
 from danastar.scaling import Plan
 
@@ -345,14 +346,7 @@ def free_memory(device) -> int | None:
 
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return available_memory()
 
 
 def duration(seconds: float) -> str:
