@@ -96,9 +96,9 @@ def half_split_order(head_dim: int) -> torch.Tensor:
     return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
 
 
-def _per_head_rows(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """``weight`` (H·hd, ...) with each head's rows put in half-split order."""
-    order = half_split_order(head_dim)
+def _rows_per_head(weight: torch.Tensor, head_dim: int, order: torch.Tensor) -> torch.Tensor:
+    """``weight`` (H·hd, ...) with each head's rows taken in ``order`` (``half_split_order``
+    going out, its inverse coming back)."""
     return weight.unflatten(0, (-1, head_dim))[:, order].flatten(0, 1)
 
 
@@ -123,12 +123,13 @@ def _embeddings(config: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str
 
 def _llama(config: ModelConfig, state: dict[str, torch.Tensor]) -> Mapping:
     hd, out = config.head_dim, _embeddings(config, state)
+    order = half_split_order(hd)
     for i in range(config.n_layer):
         src, dst = f"blocks.{i}.", f"model.layers.{i}."
         qkv = state[src + "self_attn.qkv_proj.weight"].unflatten(0, (-1, 3, hd))
         q, k, v = (qkv[:, j].flatten(0, 1) for j in range(3))
-        out[dst + "self_attn.q_proj.weight"] = _per_head_rows(q, hd)
-        out[dst + "self_attn.k_proj.weight"] = _per_head_rows(k, hd)
+        out[dst + "self_attn.q_proj.weight"] = _rows_per_head(q, hd, order)
+        out[dst + "self_attn.k_proj.weight"] = _rows_per_head(k, hd, order)
         out[dst + "self_attn.v_proj.weight"] = v
         for name in ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
                      "input_layernorm", "post_attention_layernorm"):
@@ -138,28 +139,10 @@ def _llama(config: ModelConfig, state: dict[str, torch.Tensor]) -> Mapping:
 
 
 def _qwen3next(config: ModelConfig, state: dict[str, torch.Tensor]) -> Mapping:
-    hd, out = config.head_dim, _embeddings(config, state)
+    out = _embeddings(config, state)
     out["model.norm.weight"] = out["model.norm.weight"] - 1  # zero-centred: x̂·(1 + w)
-    order = half_split_order(hd)
     for i in range(config.n_layer):
-        src, dst = f"blocks.{i}.", f"model.layers.{i}."
-        q_and_gate = state[src + "self_attn.q_proj.weight"].unflatten(0, (-1, 2 * hd))
-        q_and_gate = torch.cat((q_and_gate[:, :hd][:, order], q_and_gate[:, hd:]), dim=1)
-        out[dst + "self_attn.q_proj.weight"] = q_and_gate.flatten(0, 1)
-        out[dst + "self_attn.k_proj.weight"] = _per_head_rows(
-            state[src + "self_attn.k_proj.weight"], hd)
-        out[dst + "self_attn.v_proj.weight"] = state[src + "self_attn.v_proj.weight"]
-        out[dst + "self_attn.o_proj.weight"] = state[src + "self_attn.o_proj.weight"]
-        for name in ("q_norm", "k_norm"):
-            out[dst + f"self_attn.{name}.weight"] = state[src + f"self_attn.{name}.weight"][
-                order] - 1
-        for name in ("input_layernorm", "post_attention_layernorm"):
-            out[dst + name + ".weight"] = state[src + name + ".weight"] - 1
-        if config.is_moe_layer(i):
-            out.update(_qwen3next_moe(state, src + "mlp.", dst + "mlp."))
-        else:
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                out[dst + f"mlp.{name}.weight"] = state[src + f"mlp.{name}.weight"]
+        out.update(_qwen3next_layer(config, i, state, outward=True))
     fields = {**_common(config), "model_type": "qwen3_next",
               "layer_types": ["full_attention"] * config.n_layer, "num_experts": 0}
     if config.moe:
@@ -175,16 +158,53 @@ def _qwen3next(config: ModelConfig, state: dict[str, torch.Tensor]) -> Mapping:
     return Mapping("Qwen3NextForCausalLM", fields, out)
 
 
-def _qwen3next_moe(state: dict[str, torch.Tensor], src: str, dst: str) -> dict[str, torch.Tensor]:
-    return {
-        dst + "gate.weight": state[src + "router.weight"],
-        dst + "experts.gate_up_proj": torch.cat((state[src + "experts.gate_proj"],
-                                                 state[src + "experts.up_proj"]), dim=1),
-        dst + "experts.down_proj": state[src + "experts.down_proj"],
-        **{dst + f"shared_expert.{name}.weight": state[src + f"shared_expert.{name}.weight"]
-           for name in ("gate_proj", "up_proj", "down_proj")},
-        dst + "shared_expert_gate.weight": state[src + "shared_expert_gate.weight"],
-    }
+# A Qwen3-Next MoE layer's weights: danastar's name and Hugging Face's (the experts' gate and up
+# projections, one tensor there, are joined and split apart by `_qwen3next_layer`).
+QWEN3NEXT_MOE_NAMES = (
+    ("router.weight", "gate.weight"),
+    ("experts.down_proj", "experts.down_proj"),
+    ("shared_expert_gate.weight", "shared_expert_gate.weight"),
+    *((f"shared_expert.{name}.weight",) * 2 for name in ("gate_proj", "up_proj", "down_proj")),
+)
+
+
+def _qwen3next_layer(config: ModelConfig, layer: int, state: dict[str, torch.Tensor],
+                     outward: bool) -> dict[str, torch.Tensor]:
+    """Block ``layer``'s weights renamed to Hugging Face's (``outward``) or back to danastar's:
+    outward each head's rows go to RoPE's half-split order and the norms' weights w to w − 1
+    (Hugging Face's are zero-centred); inward the inverse order and w + 1."""
+    hd, out = config.head_dim, {}
+    ours, theirs = f"blocks.{layer}.", f"model.layers.{layer}."
+    src, dst = (ours, theirs) if outward else (theirs, ours)
+    order = half_split_order(hd) if outward else torch.argsort(half_split_order(hd))
+    shift = -1 if outward else 1
+    # each head's query rows, then its gate's rows (the gate is not rotated)
+    q_and_gate = state[src + "self_attn.q_proj.weight"].unflatten(0, (-1, 2 * hd))
+    q_and_gate = torch.cat((q_and_gate[:, :hd][:, order], q_and_gate[:, hd:]), dim=1)
+    out[dst + "self_attn.q_proj.weight"] = q_and_gate.flatten(0, 1)
+    out[dst + "self_attn.k_proj.weight"] = _rows_per_head(
+        state[src + "self_attn.k_proj.weight"], hd, order)
+    for name in ("self_attn.v_proj", "self_attn.o_proj"):
+        out[dst + name + ".weight"] = state[src + name + ".weight"]
+    for name in ("q_norm", "k_norm"):
+        out[dst + f"self_attn.{name}.weight"] = state[src + f"self_attn.{name}.weight"][
+            order] + shift
+    for name in ("input_layernorm", "post_attention_layernorm"):
+        out[dst + name + ".weight"] = state[src + name + ".weight"] + shift
+    if not config.is_moe_layer(layer):
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            out[dst + f"mlp.{name}.weight"] = state[src + f"mlp.{name}.weight"]
+        return out
+    for our_name, their_name in QWEN3NEXT_MOE_NAMES:
+        read, write = (our_name, their_name) if outward else (their_name, our_name)
+        out[dst + "mlp." + write] = state[src + "mlp." + read]
+    if outward:
+        out[dst + "mlp.experts.gate_up_proj"] = torch.cat(
+            (state[src + "mlp.experts.gate_proj"], state[src + "mlp.experts.up_proj"]), dim=1)
+    else:
+        gate, up = state[src + "mlp.experts.gate_up_proj"].chunk(2, dim=1)
+        out[dst + "mlp.experts.gate_proj"], out[dst + "mlp.experts.up_proj"] = gate, up
+    return out
 
 
 def from_hf(config: ModelConfig, architecture: str,
@@ -214,11 +234,6 @@ def _float32_cpu(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.is_meta else tensor.cpu()
 
 
-def _undo_rows(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
-    inverse = torch.argsort(half_split_order(head_dim))
-    return weight.unflatten(0, (-1, head_dim))[:, inverse].flatten(0, 1)
-
-
 def _from_embeddings(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {"embed.weight": state["model.embed_tokens.weight"],
            "norm.weight": state["model.norm.weight"]}
@@ -229,10 +244,11 @@ def _from_embeddings(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def _from_llama(config: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     hd, out = config.head_dim, _from_embeddings(state)
+    inverse = torch.argsort(half_split_order(hd))
     for i in range(config.n_layer):
         src, dst = f"model.layers.{i}.", f"blocks.{i}."
-        q = _undo_rows(state[src + "self_attn.q_proj.weight"], hd)
-        k = _undo_rows(state[src + "self_attn.k_proj.weight"], hd)
+        q = _rows_per_head(state[src + "self_attn.q_proj.weight"], hd, inverse)
+        k = _rows_per_head(state[src + "self_attn.k_proj.weight"], hd, inverse)
         v = state[src + "self_attn.v_proj.weight"]
         per_head = [t.unflatten(0, (-1, hd)) for t in (q, k, v)]
         out[dst + "self_attn.qkv_proj.weight"] = torch.stack(per_head, dim=1).flatten(0, 2)
@@ -244,34 +260,8 @@ def _from_llama(config: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str
 
 def _from_qwen3next(config: ModelConfig,
                     state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    hd, out = config.head_dim, _from_embeddings(state)
+    out = _from_embeddings(state)
     out["norm.weight"] = out["norm.weight"] + 1
-    inverse = torch.argsort(half_split_order(hd))
     for i in range(config.n_layer):
-        src, dst = f"model.layers.{i}.", f"blocks.{i}."
-        q_and_gate = state[src + "self_attn.q_proj.weight"].unflatten(0, (-1, 2 * hd))
-        q_and_gate = torch.cat((q_and_gate[:, :hd][:, inverse], q_and_gate[:, hd:]), dim=1)
-        out[dst + "self_attn.q_proj.weight"] = q_and_gate.flatten(0, 1)
-        out[dst + "self_attn.k_proj.weight"] = _undo_rows(
-            state[src + "self_attn.k_proj.weight"], hd)
-        out[dst + "self_attn.v_proj.weight"] = state[src + "self_attn.v_proj.weight"]
-        out[dst + "self_attn.o_proj.weight"] = state[src + "self_attn.o_proj.weight"]
-        for name in ("q_norm", "k_norm"):
-            out[dst + f"self_attn.{name}.weight"] = state[src + f"self_attn.{name}.weight"][
-                inverse] + 1
-        for name in ("input_layernorm", "post_attention_layernorm"):
-            out[dst + name + ".weight"] = state[src + name + ".weight"] + 1
-        if config.is_moe_layer(i):
-            gate, up = state[src + "mlp.experts.gate_up_proj"].chunk(2, dim=1)
-            out.update({
-                dst + "mlp.router.weight": state[src + "mlp.gate.weight"],
-                dst + "mlp.experts.gate_proj": gate, dst + "mlp.experts.up_proj": up,
-                dst + "mlp.experts.down_proj": state[src + "mlp.experts.down_proj"],
-                dst + "mlp.shared_expert_gate.weight": state[src + "mlp.shared_expert_gate.weight"],
-                **{dst + f"mlp.shared_expert.{name}.weight":
-                   state[src + f"mlp.shared_expert.{name}.weight"]
-                   for name in ("gate_proj", "up_proj", "down_proj")}})
-        else:
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                out[dst + f"mlp.{name}.weight"] = state[src + f"mlp.{name}.weight"]
+        out.update(_qwen3next_layer(config, i, state, outward=False))
     return out
