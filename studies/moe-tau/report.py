@@ -11,6 +11,7 @@ curves of the sparse mixture (seed 0).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -38,9 +39,15 @@ def sweep_point(run: records.Run) -> dict:
     return json.loads((run.path / "sweep_point.json").read_text())
 
 
+@functools.cache
+def recorded_runs() -> tuple[records.Run, ...]:
+    """Every recorded run, read once (the tables and figures each select from them)."""
+    return tuple(records.find_runs([RECORDS]))
+
+
 def runs_of(prefix: str) -> list[records.Run]:
-    found = [run for run in records.find_runs([RECORDS]) if run.path.parent.name.startswith(prefix)]
-    return [run for run in found if run.complete]
+    return [run for run in recorded_runs()
+            if run.path.parent.name.startswith(prefix) and run.complete]
 
 
 def sweep_runs(model: str) -> list[records.Run]:
@@ -158,6 +165,7 @@ def figures() -> list[Path]:
 
 
 def report() -> None:
+    recorded_runs.cache_clear()  # the records as they are now
     OUT.mkdir(parents=True, exist_ok=True)
     written = figures()
     expert_lines, _ = expert_rows()

