@@ -52,8 +52,9 @@ def lr_sweeps(runs: Sequence[Run]):
         ax.set_ylabel("final validation loss")
         here = [r for r in chosen if r.size == size]
         steps = "/".join(str(n) for n in sorted({r.iterations for r in here}))
-        ax.set_title(f"{size[0]} h{size[1]} ({params_label(here[0].total_params)} "
-                     f"parameters, {steps} steps)", fontsize=9)
+        # two lines: one would run past a narrow panel into its neighbour or the legend
+        ax.set_title(f"{size[0]} h{size[1]}\n{params_label(here[0].total_params)} parameters, "
+                     f"{steps} steps", fontsize=9)
         ax.grid(True, which="both", alpha=0.2)
     # one legend beside the panels (the optimizers' colours are the same in each): inside a
     # panel it covers points of a sweep
