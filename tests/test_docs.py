@@ -135,6 +135,21 @@ def test_page_commands(page, tmp_path):
         [sys.executable, str(Path(__file__).with_name("doc_blocks.py")), ".doc_commands.json"],
         cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, f"{page}:\n{result.stdout[-6000:]}{result.stderr[-3000:]}"
+    stale = [str(path.relative_to(tmp_path)) for path in rebuilt_text_files(tmp_path)
+             if path.read_bytes() != (ROOT / path.relative_to(tmp_path)).read_bytes()]
+    assert not stale, (f"{page}: its commands rebuilt committed files differently: "
+                       f"{', '.join(stale)}; run them here and commit what they write")
+
+
+def rebuilt_text_files(copy: Path) -> list[Path]:
+    """The tables and summaries (not figures, whose bytes depend on matplotlib's version) that a
+    page's commands wrote over the committed files copied into ``copy``."""
+    if not (copy / "docs").is_dir():
+        return []
+    return [path for folder in ("docs", "studies") for path in (copy / folder).rglob("*")
+            if path.suffix in (".md", ".json") and path.is_file()
+            and (ROOT / path.relative_to(copy)).is_file()
+            and path.stat().st_mtime > (copy / ".doc_commands.json").stat().st_mtime]
 
 
 @pytest.mark.parametrize("block", MARKED, ids=lambda block: block.name)
