@@ -67,6 +67,8 @@ def test_a_run_is_scored_on_a_local_task(arch, runs, corpus, tmp_path, capsys, m
     assert record["step"] == 3 and record["samples"] == {"tiny_choice": 4}
     assert f"tiny_choice  acc     {accuracy:.4f}" in out
     assert f"written to {run_dir / 'eval' / '3.json'}" in out
+    if arch != "enoki":
+        return  # what follows is the same for every architecture
 
     # another task at the same step joins the same file; --limit caps its examples
     assert main(["eval", str(run_dir), "--tasks", "second_task", "--limit", "2",
