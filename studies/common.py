@@ -11,10 +11,13 @@ and figures from those records alone. Both import this module from the folder ab
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -99,6 +102,129 @@ def driver_parser(description: str, what: tuple[str, ...], parallel_help: str
                         help="where the run directories (with checkpoints) go")
     parser.add_argument("--parallel", type=int, default=2, help=parallel_help)
     return parser
+
+
+# ---- a scheduler over sweeps: what can run now, from the records alone -------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One sweep file: its name (also its folder under the runs and the records), base and grid,
+    and its place in the queue (lower first)."""
+
+    name: str
+    base: dict
+    grid: dict
+    priority: tuple
+    comment: str
+
+    def points(self) -> list[str]:
+        from danastar.launch.sweep_spec import parse_sweep
+
+        return [p.name for p in parse_sweep({"name": self.name, "base": self.base,
+                                             "grid": self.grid}).points()]
+
+
+def complete(run_dir: Path) -> bool:
+    from danastar.launch.sweep_spec import run_state
+
+    return run_state(run_dir)["state"] == "complete"
+
+
+def final_loss(run_dir: Path) -> float:
+    for line in reversed((run_dir / "metrics.jsonl").read_text().splitlines()):
+        record = json.loads(line)
+        if record.get("final"):
+            return float(record["val_loss"])
+    raise ValueError(f"{run_dir} has no final record")
+
+
+class Scheduler:
+    """Trains a study's sweeps with `danastar sweep`, `parallel` at a time, in the order that
+    `plan()` gives; `plan()` works out from the records alone which sweeps can be written now
+    (later ones depend on earlier results). Every minute, and when a sweep ends, the complete
+    runs' small files are copied into `records/`; a later run, here or on a fresh clone, first
+    puts the recorded runs back under the runs folder so that `danastar sweep` skips them."""
+
+    def __init__(self, records: Path, sweeps: Path, plan: Callable[[], list[Task]]):
+        self.records, self.sweeps, self.plan = records, sweeps, plan
+
+    def recorded(self, task_name: str) -> dict[str, Path]:
+        """point name -> record folder, for the complete runs of one sweep."""
+        folder = self.records / task_name
+        if not folder.is_dir():
+            return {}
+        return {d.name: d for d in sorted(folder.iterdir()) if d.is_dir() and complete(d)}
+
+    def is_done(self, task: Task) -> bool:
+        return set(task.points()) <= set(self.recorded(task.name))
+
+    def write(self, task: Task) -> Path:
+        return write_sweep(self.sweeps / f"{task.name}.yaml", task.name, task.base, task.grid,
+                           task.comment)
+
+    def restore(self, runs: Path) -> None:
+        """Every recorded complete run put back under the runs folder."""
+        if not self.records.is_dir():
+            return
+        for sweep in self.records.iterdir():
+            for point, record in self.recorded(sweep.name).items():
+                target = runs / sweep.name / point
+                if not (target.is_dir() and complete(target)):
+                    copy_run_files(record, target)
+
+    def copy_complete(self, sweep_dir: Path) -> None:
+        """The complete runs' small files, mirrored under records/<sweep>/<point>/ (once)."""
+        copy_records(sweep_dir, self.records, keep=lambda run, target: complete(run) and not (
+            target.is_dir() and complete(target)))
+
+    def start(self, task: Task, runs: Path) -> subprocess.Popen:
+        command = sweep_command(self.write(task), runs, 1)
+        log = runs / "study-logs" / f"{task.name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        print(f"{time.strftime('%H:%M:%S')} start  {task.name} ({len(task.points())} runs)",
+              flush=True)
+        with log.open("a") as out:
+            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+
+    def run(self, runs: Path, parallel: int) -> None:
+        runs = runs.resolve()
+        self.restore(runs)
+        running: dict[str, tuple[Task, subprocess.Popen]] = {}
+        failed: set[str] = set()
+        last_copy = time.monotonic()
+        while True:
+            for name, (task, process) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[name]
+                self.copy_complete(runs / name)
+                if self.is_done(task):
+                    print(f"{time.strftime('%H:%M:%S')} done   {name}", flush=True)
+                else:
+                    failed.add(name)
+                    print(f"study: the sweep {name} ended (exit {process.returncode}) with runs "
+                          f"missing; see {runs / 'study-logs' / name}.log. Run the study again "
+                          "to resume it.", file=sys.stderr, flush=True)
+            if time.monotonic() - last_copy > 60:
+                for name in running:
+                    self.copy_complete(runs / name)
+                last_copy = time.monotonic()
+            ready = [t for t in self.plan() if t.name not in running and t.name not in failed
+                     and not self.is_done(t)]
+            while ready and len(running) < parallel:
+                task = ready.pop(0)
+                running[task.name] = (task, self.start(task, runs))
+            if not running:
+                break
+            time.sleep(5)
+        left = [t.name for t in self.plan() if not self.is_done(t)]
+        print("study: every sweep is complete." if not left else
+              f"study: {len(left)} sweeps could not complete: {', '.join(left)}.", flush=True)
+
+    def status(self) -> None:
+        for task in self.plan():
+            have = len(set(task.points()) & set(self.recorded(task.name)))
+            print(f"{task.name:<36} {have}/{len(task.points())} runs recorded")
 
 
 # ---- reports ----------------------------------------------------------------------------------

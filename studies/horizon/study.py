@@ -32,13 +32,10 @@ that `danastar sweep` skips them, and trains only what is missing.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -72,57 +69,17 @@ ABLATIONS = {  # name -> (what changes, the optimizers it applies to)
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Task:
-    """One sweep file: its name (also its folder under the runs and the records), base and grid,
-    and its place in the queue (lower first)."""
-
-    name: str
-    base: dict
-    grid: dict
-    priority: tuple
-    comment: str
-
-    @property
-    def path(self) -> Path:
-        return SWEEPS / f"{self.name}.yaml"
-
-    def points(self) -> list[str]:
-        from danastar.launch.sweep_spec import parse_sweep
-
-        return [p.name for p in parse_sweep({"name": self.name, "base": self.base,
-                                             "grid": self.grid}).points()]
-
-    def write(self) -> Path:
-        return common.write_sweep(self.path, self.name, self.base, self.grid, self.comment)
-
-
-# ---- what the records say ---------------------------------------------------------------------
-
-def complete(run_dir: Path) -> bool:
-    from danastar.launch.sweep_spec import run_state
-
-    return run_state(run_dir)["state"] == "complete"
+Task = common.Task
+final_loss = common.final_loss
 
 
 def recorded(task_name: str) -> dict[str, Path]:
     """point name -> record folder, for the complete runs of one sweep."""
-    folder = RECORDS / task_name
-    if not folder.is_dir():
-        return {}
-    return {d.name: d for d in sorted(folder.iterdir()) if d.is_dir() and complete(d)}
+    return SCHEDULER.recorded(task_name)
 
 
 def is_done(task: Task) -> bool:
-    return set(task.points()) <= set(recorded(task.name))
-
-
-def final_loss(run_dir: Path) -> float:
-    for line in reversed((run_dir / "metrics.jsonl").read_text().splitlines()):
-        record = json.loads(line)
-        if record.get("final"):
-            return float(record["val_loss"])
-    raise ValueError(f"{run_dir} has no final record")
+    return SCHEDULER.is_done(task)
 
 
 def point_of(run_dir: Path) -> dict:
@@ -323,77 +280,7 @@ def plan() -> list[Task]:
     return sorted(tasks, key=lambda t: t.priority)
 
 
-# ---- running ----------------------------------------------------------------------------------
-
-def restore(runs: Path) -> None:
-    """Put every recorded complete run back under the runs folder, so `danastar sweep` skips
-    it (a fresh clone has the records but not the runs)."""
-    if not RECORDS.is_dir():
-        return
-    for sweep in RECORDS.iterdir():
-        for point, record in recorded(sweep.name).items():
-            target = runs / sweep.name / point
-            if target.is_dir() and complete(target):
-                continue
-            common.copy_run_files(record, target)
-
-
-def copy_records(sweep_dir: Path) -> None:
-    """The complete runs' small files, mirrored under records/<sweep>/<point>/ (once)."""
-    common.copy_records(sweep_dir, RECORDS, keep=lambda run, target: complete(run) and not (
-        target.is_dir() and complete(target)))
-
-
-def start(task: Task, runs: Path) -> subprocess.Popen:
-    command = common.sweep_command(task.write(), runs, 1)
-    log = runs / "study-logs" / f"{task.name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"{time.strftime('%H:%M:%S')} start  {task.name} ({len(task.points())} runs)",
-          flush=True)
-    with log.open("a") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-
-
-def run(args: argparse.Namespace) -> None:
-    runs = args.runs.resolve()
-    restore(runs)
-    running: dict[str, tuple[Task, subprocess.Popen]] = {}
-    failed: set[str] = set()
-    last_copy = time.monotonic()
-    while True:
-        for name, (task, process) in list(running.items()):
-            if process.poll() is None:
-                continue
-            del running[name]
-            copy_records(runs / name)
-            if is_done(task):
-                print(f"{time.strftime('%H:%M:%S')} done   {name}", flush=True)
-            else:
-                failed.add(name)
-                print(f"study: the sweep {name} ended (exit {process.returncode}) with runs "
-                      f"missing; see {runs / 'study-logs' / name}.log. Run the study again to "
-                      "resume it.", file=sys.stderr, flush=True)
-        if time.monotonic() - last_copy > 60:
-            for name in running:
-                copy_records(runs / name)
-            last_copy = time.monotonic()
-        ready = [t for t in plan() if t.name not in running and t.name not in failed
-                 and not is_done(t)]
-        while ready and len(running) < args.parallel:
-            task = ready.pop(0)
-            running[task.name] = (task, start(task, runs))
-        if not running:
-            break
-        time.sleep(5)
-    left = [t.name for t in plan() if not is_done(t)]
-    print("study: every sweep is complete." if not left else
-          f"study: {len(left)} sweeps could not complete: {', '.join(left)}.", flush=True)
-
-
-def status() -> None:
-    for task in plan():
-        have = len(set(task.points()) & set(recorded(task.name)))
-        print(f"{task.name:<32} {have}/{len(task.points())} runs recorded")
+SCHEDULER = common.Scheduler(RECORDS, SWEEPS, plan)
 
 
 def main() -> None:
@@ -404,9 +291,9 @@ def main() -> None:
     # one two-thread run; set OMP_NUM_THREADS yourself to override.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.what == "status":
-        status()
+        SCHEDULER.status()
     if args.what in ("all", "run"):
-        run(args)
+        SCHEDULER.run(args.runs, args.parallel)
     if args.what in ("all", "report"):
         from report import report  # noqa: PLC0415 (beside this file)
 
