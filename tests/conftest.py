@@ -14,9 +14,11 @@ The rule. A test is a `process` test when the code it runs reaches a process sta
   (`os.fork`, `os.system`...), `torch.compile` (its kernels are built by a C++ compiler, and the
   tests that compile are the slowest in-process ones), or a danastar callable of
   `PROCESS_CALLABLES`;
-* the markers `slurm` (a local cluster) and `process` itself mark it too, and so does
-  `PROCESS_TESTS`: tests that reach a process through an in-process command whose arguments
-  decide (`cli.main(["prepare", ..., "--workers", "2"])`), which no reading of names can tell.
+* the markers `slurm` (a local cluster), `cuda` (on a GPU, torch's compiler starts its worker
+  pool and `ptxas`; none of these tests runs in the CPU inner loop anyway) and `process` itself
+  mark it too, and so does `PROCESS_TESTS`: tests that reach a process through an in-process
+  command whose arguments decide (`cli.main(["prepare", ..., "--workers", "2"])`), which no
+  reading of names can tell.
 
 The rule reads code, so it could miss a process started deep inside danastar or a library; a
 check closes that gap: while an unmarked test runs, starting a process (other than the quick
@@ -115,8 +117,11 @@ def _starts_processes(function, seen: set) -> bool:
     return False
 
 
+MARKERS_THAT_START_PROCESSES = ("slurm", "cuda", "process")
+
+
 def _is_process_test(item) -> bool:
-    if item.get_closest_marker("slurm") or item.get_closest_marker("process"):
+    if any(item.get_closest_marker(marker) for marker in MARKERS_THAT_START_PROCESSES):
         return True
     if item.nodeid.split("[")[0] in PROCESS_TESTS:
         return True
