@@ -163,6 +163,10 @@ class Planner:
 
     known: dict[Key, tuple[str, Path]]
     tasks: dict[str, common.Task] = dataclasses.field(default_factory=dict)
+    # (corpus, horizon, optimizer, recipe) -> (LR multiplier, warm-up index), once its 3 seeds
+    # are recorded: what the report compares
+    chosen: dict[tuple[str, int, str, str], tuple[float, int]] = dataclasses.field(
+        default_factory=dict)
 
     def loss(self, key: Key) -> float | None:
         found = self.known.get(key)
@@ -337,44 +341,57 @@ def warmup_beyond(losses: dict[int, float]) -> list[int]:
 
 def plan() -> list[common.Task]:
     """Every sweep the records allow to be written now, done or not, in queue order."""
+    return sorted(walk().tasks.values(), key=lambda t: t.priority)
+
+
+def walk() -> Planner:
+    """Every chain of `GROUPS` followed as far as the records go."""
     planner = Planner(index())
     for group, ((corpus, chain, optimizers), tuned_at) in enumerate(zip(GROUPS, TUNED_AT)):
         if corpus == "pr" and not prose_available():
             continue
         pairs: dict[int, dict[str, dict[str, tuple[float, int]]]] = {}
         for rank, optimizer in enumerate(optimizers):
-            priority = (group, rank)
-            bests = planner.paper_best(corpus, chain, optimizer, priority)
-            for horizon in tuned_at:
-                if horizon not in bests:
-                    continue
-                centre = bests[horizon]
-                steps = STEPS[horizon]
-                recipes = pairs.setdefault(horizon, {"paper": {}, "tuned": {}})
-                what = f"{optimizer} at {horizon}x on {CORPORA[corpus]}"
-                if planner.seeds_at(f"{corpus}-x{horizon}-{optimizer}-seeds", corpus, horizon,
-                                    optimizer, centre, warmup_steps(steps, PAPER_WARMUP),
-                                    (*priority, 0, horizon, 9),
-                                    f"{what}, paper recipe, best LR {centre:g} x the law's"):
-                    recipes["paper"][optimizer] = (centre, PAPER_WARMUP)
-                tuned = planner.tuned(corpus, horizon, optimizer, centre, priority)
-                if tuned is None:
-                    continue
-                multiplier, warmup = tuned
-                if planner.seeds_at(f"{corpus}-x{horizon}-{optimizer}-tuned-seeds", corpus,
-                                    horizon, optimizer, multiplier, warmup_steps(steps, warmup),
-                                    (*priority, 3, horizon),
-                                    f"{what}, tuned recipe ({multiplier:g} x the law's LR, "
-                                    f"warm-up {warmup_label(warmup)})"):
-                    recipes["tuned"][optimizer] = tuned
-                if optimizer == BASELINE:
-                    planner.budgets("tuned", corpus, horizon, multiplier, warmup, (group, rank))
-                    planner.budgets("paper", corpus, horizon, centre, PAPER_WARMUP,
-                                    (group, rank))
+            follow(planner, corpus, chain, tuned_at, optimizer, (group, rank), pairs)
         for horizon, recipes in pairs.items():
             for recipe, chosen in recipes.items():
                 planner.longer(recipe, corpus, horizon, chosen, (group, 0))
-    return sorted(planner.tasks.values(), key=lambda t: t.priority)
+                for optimizer, pair in chosen.items():
+                    planner.chosen[(corpus, horizon, optimizer, recipe)] = pair
+    return planner
+
+
+def follow(planner: Planner, corpus: str, chain: tuple, tuned_at: tuple, optimizer: str,
+           priority: tuple, pairs: dict) -> None:
+    """One optimizer's chain in one group: the paper's LRs along `chain`, then at each horizon
+    of `tuned_at` both recipes' seeds (and AdamW's shorter budgets); the settled pairs go into
+    `pairs[horizon][recipe][optimizer]`."""
+    bests = planner.paper_best(corpus, chain, optimizer, priority)
+    for horizon in tuned_at:
+        if horizon not in bests:
+            continue
+        centre = bests[horizon]
+        steps = STEPS[horizon]
+        recipes = pairs.setdefault(horizon, {"paper": {}, "tuned": {}})
+        what = f"{optimizer} at {horizon}x on {CORPORA[corpus]}"
+        if planner.seeds_at(f"{corpus}-x{horizon}-{optimizer}-seeds", corpus, horizon,
+                            optimizer, centre, warmup_steps(steps, PAPER_WARMUP),
+                            (*priority, 0, horizon, 9),
+                            f"{what}, paper recipe, best LR {centre:g} x the law's"):
+            recipes["paper"][optimizer] = (centre, PAPER_WARMUP)
+        tuned = planner.tuned(corpus, horizon, optimizer, centre, priority)
+        if tuned is None:
+            continue
+        multiplier, warmup = tuned
+        if planner.seeds_at(f"{corpus}-x{horizon}-{optimizer}-tuned-seeds", corpus, horizon,
+                            optimizer, multiplier, warmup_steps(steps, warmup),
+                            (*priority, 3, horizon),
+                            f"{what}, tuned recipe ({multiplier:g} x the law's LR, warm-up "
+                            f"{warmup_label(warmup)})"):
+            recipes["tuned"][optimizer] = tuned
+        if optimizer == BASELINE:
+            planner.budgets("tuned", corpus, horizon, multiplier, warmup, priority)
+            planner.budgets("paper", corpus, horizon, centre, PAPER_WARMUP, priority)
 
 
 # ---- the fresh corpus -------------------------------------------------------------------------

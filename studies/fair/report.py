@@ -1,0 +1,393 @@
+"""Study III's tables, figures and summary.json, rebuilt from the committed records alone (this
+study's and Study II's horizon runs).
+
+    python studies/fair/report.py    # docs/study-fair/*, studies/fair/summary.json
+
+For each corpus, horizon and optimizer, two recipes (`py` says how each is chosen): "the
+paper's" (warm-up T/50, the LR tuned) and "each tuned" (the warm-up tuned too, then the LR
+re-checked). Each optimizer is compared with AdamW under the same recipe, by two estimators of
+the compute multiplier (as Study II's report, `studies/horizon/report.py`):
+
+* **within the horizon**: AdamW's best pair at 1/4, 1/2, 1 (and 2, where needed) times the
+  horizon's steps is a loss-against-compute curve; an optimizer's final loss read off it
+  (log-log interpolation, seeds paired) gives AdamW's compute for that loss, divided by the
+  optimizer's (`analysis.budgets`);
+* **the paper's**: AdamW's best final losses over the horizons of a corpus are its curve; an
+  optimizer's point at a horizon read off the curve of the same seed (`analysis.multiplier`),
+  outside the curve's range extrapolated from its two end points and marked so.
+
+Every loss is the final validation loss over the whole validation set of its corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # studies/common.py, which puts src/ on the path too
+sys.path.insert(0, str(HERE))
+
+from common import ROOT, figure_writer, fmt, pm  # noqa: E402
+from study import (  # noqa: E402
+    BASELINE,
+    CORPORA,
+    SEEDS,
+    STEPS,
+    WARMUPS,
+    Key,
+    walk,
+    warmup_label,
+    warmup_steps,
+)
+
+from danastar.analysis import budgets, multiplier, plots, records, seeds  # noqa: E402
+from danastar.errors import UserError  # noqa: E402
+
+OUT = ROOT / "docs" / "study-fair"
+SUMMARY = HERE / "summary.json"
+# Training tokens of each prepared corpus (its meta.json): what an epoch is.
+TRAIN_TOKENS = {"sh": 1_892_697, "pr": None}
+RECIPES = ("paper", "tuned")
+RECIPE_NAMES = {"paper": "the paper's (warm-up T/50)", "tuned": "each tuned"}
+
+
+def clean(value: float | None, digits: int = 6) -> float | None:
+    return None if value is None or math.isnan(value) else float(f"{value:.{digits}g}")
+
+
+class Results:
+    """The records behind every comparison, keyed as the driver keys them."""
+
+    def __init__(self):
+        self.planner = walk()
+        self.runs: dict[Key, records.Run] = {}
+
+    def run(self, key: Key) -> records.Run | None:
+        if key not in self.runs:
+            found = self.planner.known.get(key)
+            self.runs[key] = None if found is None else records.read_run(found[1])
+        return self.runs[key]
+
+    def chosen_runs(self, corpus: str, horizon: int, optimizer: str, recipe: str,
+                    steps: int | None = None) -> list[records.Run]:
+        """The seeds of one recipe's best pair (at `steps`, by default the horizon's)."""
+        pair = self.planner.chosen.get((corpus, horizon, optimizer, recipe))
+        if pair is None:
+            return []
+        steps = steps or STEPS[horizon]
+        found = [self.run(Key(corpus, steps, optimizer, pair[0], warmup_steps(steps, pair[1]),
+                              seed)) for seed in SEEDS]
+        return [r for r in found if r is not None]
+
+    def horizons(self, corpus: str) -> list[int]:
+        return sorted({h for (c, h, _, _) in self.planner.chosen if c == corpus})
+
+    def optimizers(self, corpus: str) -> list[str]:
+        found = {o for (c, _, o, _) in self.planner.chosen if c == corpus}
+        return [BASELINE, *sorted(found - {BASELINE})]
+
+    def tokens_per_param(self, corpus: str, horizon: int) -> float | None:
+        runs = self.chosen_runs(corpus, horizon, BASELINE, "paper") or [
+            r for o in self.optimizers(corpus) for r in
+            self.chosen_runs(corpus, horizon, o, "paper")]
+        return None if not runs else runs[0].plan["tokens_per_step"] * STEPS[horizon] \
+            / runs[0].total_params
+
+    def epochs(self, corpus: str, steps: int) -> float | None:
+        return None if TRAIN_TOKENS[corpus] is None else 4096 * steps / TRAIN_TOKENS[corpus]
+
+
+# ---- the estimators ---------------------------------------------------------------------------
+
+def within(results: Results, corpus: str, horizon: int, recipe: str
+           ) -> dict[str, budgets.BudgetMultiplier]:
+    """optimizer -> its multiplier against AdamW's budget curve, both under `recipe`."""
+    steps = STEPS[horizon]
+    baseline = [r for share in (4, 2, 1, 0.5) for r in results.chosen_runs(
+        corpus, horizon, BASELINE, recipe, int(steps / share))]
+    chosen = [r for o in results.optimizers(corpus) if o != BASELINE
+              for r in results.chosen_runs(corpus, horizon, o, recipe)]
+    if not baseline or not chosen:
+        return {}
+    try:
+        found = budgets.within_size_multipliers(baseline + chosen, BASELINE)
+    except UserError as error:
+        print(f"{corpus} {horizon}x {recipe}: within-horizon multipliers: {error}")
+        return {}
+    return {r.optimizer.split(" ")[0]: r for r in found
+            if r.iterations == steps and len(r.seeds) > 1}
+
+
+def papers(results: Results, corpus: str, recipe: str
+           ) -> dict[tuple[int, str], tuple[seeds.MeanSE, bool]]:
+    """(horizon, optimizer) -> (the paper's estimator over seeds, extrapolated)."""
+    curve: dict[int, list[tuple[float, float]]] = {}
+    for horizon in results.horizons(corpus):
+        for run in results.chosen_runs(corpus, horizon, BASELINE, recipe):
+            curve.setdefault(run.seed, []).append((run.pfh, run.final_loss))
+    found = {}
+    for horizon in results.horizons(corpus):
+        for optimizer in results.optimizers(corpus)[1:]:
+            values, outside = [], False
+            for run in results.chosen_runs(corpus, horizon, optimizer, recipe):
+                points = sorted(curve.get(run.seed, []))
+                if len(points) < 2 or any(b[1] >= a[1] for a, b in zip(points, points[1:])):
+                    continue
+                (point,) = multiplier.measured_multipliers(points, [(run.pfh, run.final_loss)])
+                values.append(point.multiplier)
+                outside |= point.kind != multiplier.INTERPOLATED
+            if len(values) > 1:
+                found[(horizon, optimizer)] = (seeds.mean_se(values), outside)
+    return found
+
+
+# ---- tables -----------------------------------------------------------------------------------
+
+def loss_of(runs: list[records.Run]) -> str:
+    return "–" if not runs else f"{pm(seeds.mean_se([r.final_loss for r in runs]))} " \
+                                f"({len(runs)})"
+
+
+def recipe_table(results: Results) -> list[str]:
+    lines = ["| corpus | horizon | steps | tokens/param | epochs | optimizer | paper: LR (× law) "
+             "| paper: final loss | tuned: warm-up | tuned: LR (× law) | tuned: final loss | "
+             "tuned − paper (paired) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for corpus in CORPORA:
+        for horizon in results.horizons(corpus):
+            steps = STEPS[horizon]
+            for optimizer in results.optimizers(corpus):
+                paper = results.chosen_runs(corpus, horizon, optimizer, "paper")
+                tuned = results.chosen_runs(corpus, horizon, optimizer, "tuned")
+                pair = {r: results.planner.chosen.get((corpus, horizon, optimizer, r))
+                        for r in RECIPES}
+                if not paper:
+                    continue
+                change = "–"
+                if len(tuned) == len(paper) > 1:
+                    difference = seeds.difference([r.final_loss for r in tuned],
+                                                  [r.final_loss for r in paper])
+                    change = f"{difference.mean:+.4f} ± {difference.se:.4f}"
+                lines.append(
+                    f"| {CORPORA[corpus]} | {horizon}× | {steps} | "
+                    f"{fmt(results.tokens_per_param(corpus, horizon), '.2f')} | "
+                    f"{fmt(results.epochs(corpus, steps), '.2f')} | {optimizer} | "
+                    f"{pair['paper'][0]:g} | {loss_of(paper)} | "
+                    + ("– | – | – | –" if pair["tuned"] is None else
+                       f"{warmup_label(pair['tuned'][1])} "
+                       f"({warmup_steps(steps, pair['tuned'][1])}) | {pair['tuned'][0]:g} | "
+                       f"{loss_of(tuned)} | {change}") + " |")
+    return lines
+
+
+def sweep_table(results: Results) -> list[str]:
+    """The seed-0 losses each tuned choice was made from."""
+    labels = [warmup_label(i) for i in range(len(WARMUPS))]
+    lines = ["| corpus | horizon | optimizer | centre LR (× law) | "
+             + " | ".join(f"warm-up {label}" for label in labels)
+             + " | LR × ½, 1, 2 at the chosen warm-up (and beyond) |",
+             "|---|---|---|---|" + "---|" * len(labels) + "---|"]
+    planner = results.planner
+    for corpus in CORPORA:
+        for horizon in results.horizons(corpus):
+            steps = STEPS[horizon]
+            for optimizer in results.optimizers(corpus):
+                paper = planner.chosen.get((corpus, horizon, optimizer, "paper"))
+                if paper is None:
+                    continue
+                centre = paper[0]
+                cells = []
+                for index in range(len(WARMUPS)):
+                    loss = planner.loss(Key(corpus, steps, optimizer, centre,
+                                            warmup_steps(steps, index), 0))
+                    cells.append(fmt(loss))
+                tuned = planner.chosen.get((corpus, horizon, optimizer, "tuned"))
+                recheck = "–"
+                if tuned is not None:
+                    warmup = warmup_steps(steps, tuned[1])
+                    found = sorted((k.multiplier, planner.loss(k)) for k in planner.known
+                                   if (k.corpus, k.steps, k.optimizer, k.warmup, k.seed)
+                                   == (corpus, steps, optimizer, warmup, 0))
+                    recheck = ", ".join(f"{m / centre:g}: {loss:.4f}" for m, loss in found)
+                lines.append(f"| {CORPORA[corpus]} | {horizon}× | {optimizer} | {centre:g} | "
+                             + " | ".join(cells) + f" | {recheck} |")
+    return lines
+
+
+def multiplier_table(results: Results) -> tuple[list[str], list[dict]]:
+    lines = ["| corpus | horizon | tokens/param | epochs | optimizer | recipe | final loss | "
+             f"{BASELINE}'s loss (same recipe) | within the horizon | the paper's estimator |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for corpus in CORPORA:
+        for recipe in RECIPES:
+            inside = {h: within(results, corpus, h, recipe) for h in results.horizons(corpus)}
+            paper = papers(results, corpus, recipe)
+            for horizon in results.horizons(corpus):
+                steps = STEPS[horizon]
+                for optimizer in results.optimizers(corpus)[1:]:
+                    mine = results.chosen_runs(corpus, horizon, optimizer, recipe)
+                    if len(mine) < len(SEEDS):
+                        continue
+                    theirs = results.chosen_runs(corpus, horizon, BASELINE, recipe)
+                    cells = []
+                    for estimator, value, outside in (
+                            ("within-horizon", *_inside(inside[horizon].get(optimizer))),
+                            ("paper", *paper.get((horizon, optimizer), (None, False)))):
+                        if value is None:
+                            cells.append("–")
+                            continue
+                        cells.append(pm(value, ".2f") + (" (extrapolated)" if outside else ""))
+                        rows.append(summary_row(results, corpus, horizon, optimizer, recipe,
+                                                estimator, value, mine[0].lr, outside))
+                    lines.append(f"| {CORPORA[corpus]} | {horizon}× | "
+                                 f"{fmt(results.tokens_per_param(corpus, horizon), '.2f')} | "
+                                 f"{fmt(results.epochs(corpus, steps), '.2f')} | {optimizer} | "
+                                 f"{recipe} | {loss_of(mine)} | {loss_of(theirs)} | "
+                                 f"{cells[0]} | {cells[1]} |")
+    return lines, rows
+
+
+def _inside(found: budgets.BudgetMultiplier | None) -> tuple[seeds.MeanSE | None, bool]:
+    return (None, False) if found is None else (found.multiplier, found.extrapolated)
+
+
+def summary_row(results: Results, corpus: str, horizon: int, optimizer: str, recipe: str,
+                estimator: str, value: seeds.MeanSE, lr: float, outside: bool) -> dict:
+    pair = results.planner.chosen[(corpus, horizon, optimizer, recipe)]
+    steps = STEPS[horizon]
+    return {"heads": 2, "tokens_per_param": clean(results.tokens_per_param(corpus, horizon), 3),
+            "optimizer": optimizer, "estimator": estimator,
+            "multiplier": clean(value.mean, 4), "multiplier_se": clean(value.se, 3),
+            "seeds": value.n, "best_lr": clean(lr, 4), "recipe": recipe,
+            "corpus": CORPORA[corpus], "epochs": clean(results.epochs(corpus, steps), 3),
+            "warmup_steps": warmup_steps(steps, pair[1]), "extrapolated": outside}
+
+
+# ---- figures ----------------------------------------------------------------------------------
+
+def multiplier_figure(rows: list[dict], corpus: str):
+    from matplotlib.figure import Figure
+
+    mine = [r for r in rows if r["corpus"] == corpus]
+    if not mine:
+        raise UserError(f"no multiplier on {corpus} yet")
+    figure = Figure(figsize=(10.0, 4.2), layout="constrained")
+    axes = figure.subplots(1, 2, sharey=True)
+    for ax, estimator in zip(axes, ("within-horizon", "paper")):
+        ax.axhline(1.0, color=plots.colour(BASELINE), linewidth=1.2,
+                   label=f"{plots.display_name(BASELINE)}, same recipe (1 by definition)")
+        for optimizer in sorted({r["optimizer"] for r in mine}):
+            for recipe, fill, linestyle, shift in (("paper", False, ":", 0.97),
+                                                   ("tuned", True, "-", 1.03)):
+                points = sorted((r for r in mine if r["optimizer"] == optimizer
+                                 and r["recipe"] == recipe and r["estimator"] == estimator),
+                                key=lambda r: r["tokens_per_param"])
+                if not points:
+                    continue
+                colour = plots.colour(optimizer)
+                ax.plot([r["tokens_per_param"] * shift for r in points],
+                        [r["multiplier"] for r in points], color=colour, linestyle=linestyle,
+                        linewidth=1.0, label=f"{plots.display_name(optimizer)}, "
+                                             f"{RECIPE_NAMES[recipe]}")
+                for r in points:
+                    ax.errorbar(r["tokens_per_param"] * shift, r["multiplier"],
+                                yerr=r["multiplier_se"] or 0.0, color=colour, capsize=3,
+                                marker="^" if r["extrapolated"] else "o",
+                                markerfacecolor=colour if fill else "white")
+        ax.set_xscale("log")
+        ax.set_xticks(sorted({r["tokens_per_param"] for r in mine}))
+        ax.get_xaxis().set_major_formatter(_plain())
+        ax.minorticks_off()
+        ax.grid(True, which="both", alpha=0.2)
+        ax.set_xlabel("tokens per parameter (2 heads, 1.25M parameters)")
+        ax.set_title("within the horizon" if estimator == "within-horizon"
+                     else "the paper's estimator (▲: extrapolated off AdamW's curve)",
+                     fontsize=9)
+    axes[0].set_ylabel(f"compute multiplier vs {plots.display_name(BASELINE)}, same recipe")
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, fontsize=7, loc="outside right upper")
+    figure.suptitle(f"Compute multiplier on {corpus}, mean ± s.e. over 3 seeds: the paper's "
+                    "recipe (open, dotted) and each tuned (filled, solid)", fontsize=10)
+    return figure
+
+
+def warmup_figure(results: Results, corpus: str):
+    """Seed-0 final loss against the warm-up at each optimizer's paper LR, one panel per
+    horizon."""
+    from matplotlib.figure import Figure
+
+    planner = results.planner
+    horizons = [h for h in results.horizons(corpus)
+                if any((corpus, h, o, "tuned") in planner.chosen
+                       for o in results.optimizers(corpus))]
+    if not horizons:
+        raise UserError(f"no tuned warm-up on {CORPORA[corpus]} yet")
+    figure = Figure(figsize=(4.2 * len(horizons) + 2.5, 3.8), layout="constrained")
+    axes = figure.subplots(1, len(horizons), squeeze=False)[0]
+    for ax, horizon in zip(axes, horizons):
+        steps = STEPS[horizon]
+        for optimizer in results.optimizers(corpus):
+            paper = planner.chosen.get((corpus, horizon, optimizer, "paper"))
+            if paper is None:
+                continue
+            points = [(warmup_steps(steps, i) / steps, planner.loss(
+                Key(corpus, steps, optimizer, paper[0], warmup_steps(steps, i), 0)))
+                for i in range(len(WARMUPS))]
+            points = [(max(x, 0.5 / steps), y) for x, y in points if y is not None]
+            ax.plot(*zip(*points), marker="o", color=plots.colour(optimizer),
+                    linestyle=plots.linestyle(optimizer),
+                    label=f"{plots.display_name(optimizer)} (LR {paper[0]:g} × law)")
+        ax.set_xscale("log")
+        ax.set_xlabel("warm-up, share of the steps (0 drawn at ½ step)")
+        ax.set_title(f"{horizon}× ({steps} steps), seed 0", fontsize=9)
+        ax.grid(True, which="both", alpha=0.2)
+    axes[0].set_ylabel("final validation loss")
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, fontsize=7, loc="outside right upper")
+    figure.suptitle(f"The warm-up sweep on {CORPORA[corpus]}, at each optimizer's best LR under "
+                    "the paper's recipe", fontsize=10)
+    return figure
+
+
+def _plain():
+    from matplotlib.ticker import FormatStrFormatter
+
+    return FormatStrFormatter("%g")
+
+
+# ---- the report -------------------------------------------------------------------------------
+
+def report() -> None:
+    results = Results()
+    OUT.mkdir(parents=True, exist_ok=True)
+    text = ["# Study III: results", "",
+            "Written by `python studies/fair/report.py` from the committed records; see "
+            "[the study's page](../study-fair.md) for what it means.", "",
+            "## Each recipe's choice", "",
+            "Best LR and warm-up per recipe, final validation loss (whole validation set) as "
+            "mean ± standard error over seeds (count in brackets). The paper's recipe on "
+            "Shakespeare is Study II's runs. The last column is the tuned recipe's loss minus "
+            "the paper's, paired by seed.", "", *recipe_table(results), "",
+            "## The sweeps behind the tuned choice (seed 0)", "",
+            "Final loss at each warm-up, at the paper recipe's best LR (the centre); then, at "
+            "the chosen warm-up, the loss at each LR (as a multiple of the centre).", "",
+            *sweep_table(results), ""]
+    lines, rows = multiplier_table(results)
+    text += ["## Compute multipliers against AdamW under the same recipe", "",
+             "Mean ± standard error over 3 seeds, each read off AdamW's curve of the same seed "
+             "and recipe.", "", *lines, ""]
+    figure = figure_writer(OUT, text)
+    for tag, corpus in CORPORA.items():
+        figure(f"multiplier_{corpus}", lambda corpus=corpus: multiplier_figure(rows, corpus))
+        figure(f"warmup_{corpus}", lambda tag=tag: warmup_figure(results, tag))
+    (OUT / "results.md").write_text("\n".join(text))
+    SUMMARY.write_text(json.dumps(rows, indent=1) + "\n")
+    print("wrote", (OUT / "results.md").relative_to(ROOT), SUMMARY.relative_to(ROOT))
+
+
+if __name__ == "__main__":
+    report()
