@@ -85,3 +85,34 @@ def test_output_into_a_closed_pipe_ends_quietly():
     errors = process.stderr.read()
     assert process.wait(timeout=300) == 141, errors
     assert "Traceback" not in errors and "BrokenPipe" not in errors, errors
+
+
+def command_help(argv: list[str], capsys) -> str:
+    try:
+        code = main([*argv, "--help"])
+    except SystemExit as stop:  # argparse's own exit after printing the help
+        code = stop.code
+    captured = capsys.readouterr()
+    assert code == 0 and not captured.err, (argv, captured.err)
+    return captured.out
+
+
+def test_every_commands_help_renders(capsys):
+    """argparse formats help with %: a stray one printed a dict of argparse's internals in
+    `danastar train --help`. Each command's help (and each theory figure's) renders whole."""
+    from danastar.commands import theory
+
+    commands = [[name] for name in SUBCOMMANDS]
+    commands += [["theory", name] for name in theory.FIGURES]
+    for argv in commands:
+        out = command_help(argv, capsys)
+        assert out.startswith("usage: danastar") and "option_strings" not in out, argv
+    assert "i % step == 0" in command_help(["train"], capsys)
+
+
+def test_the_overview_names_every_plot_kind(capsys):
+    from danastar.commands.plot import KINDS
+
+    assert main(["--help"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "  plot " in line)
+    assert all(kind in line.replace(",", " ").split() for kind in KINDS), line

@@ -32,7 +32,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("danastar.commands.eval", "score a run or an export on lm-eval tasks"),
     "clusters": ("danastar.commands.clusters", "list cluster profiles; --check: their capacity"),
     "results": ("danastar.commands.results", "table of runs: best LR per size, seeds, multipliers"),
-    "plot": ("danastar.commands.plot", "figures: scaling, curves, lrlaw, lr-sensitivity, tau"),
+    "plot": (
+        "danastar.commands.plot",
+        "figures: scaling, within-size, curves, lrlaw, lr-sweep, lr-sensitivity, tau, experts",
+    ),
     "theory": (
         "danastar.commands.theory",
         "figures of the PLRF model: SGD vs DANA, scaling, exponents, kappa",

@@ -67,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--config",
-        help="YAML config file or preset name from configs/ (without --config and --heads: "
-             "cpu_shakespeare)",
+        help="YAML config file or preset name from configs/ (without it: the CPU preset "
+             "cpu_shakespeare under your flags, unless both --heads and --dataset are given, "
+             "which plan from the paper's launcher defaults)",
     )
     parser.add_argument(
         "--dry_run", action="store_true",
@@ -79,9 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="with --dry_run: print the whole resolved plan as JSON"
     )
     for flag, (_, kind, help_text) in FLAGS.items():
-        parser.add_argument(f"--{flag}", type=flag_type(kind), help=help_text)
+        # argparse formats help text with %: a literal one (`i % step`) is written %%
+        parser.add_argument(f"--{flag}", type=flag_type(kind), help=help_text.replace("%", "%%"))
     for flag, (_, help_text) in SWITCHES.items():
-        parser.add_argument(f"--{flag}", action="store_true", help=help_text)
+        parser.add_argument(f"--{flag}", action="store_true", help=help_text.replace("%", "%%"))
     parser.add_argument(
         "--no_wandb", dest="wandb", action="store_false", help="disable Weights & Biases"
     )
