@@ -1,5 +1,4 @@
-"""Study III's tables, figures and summary.json, rebuilt from the committed records alone (this
-study's and Study II's horizon runs).
+"""Study III's tables, figures and summary.json, rebuilt from the committed records alone.
 
     python studies/fair/report.py    # docs/study-fair/*, studies/fair/summary.json
 
@@ -369,9 +368,9 @@ def report() -> None:
             "[the study's page](../study-fair.md) for what it means.", "",
             "## Each recipe's choice", "",
             "Best LR and warm-up per recipe, final validation loss (whole validation set) as "
-            "mean ± standard error over seeds (count in brackets). The paper's recipe on "
-            "Shakespeare is Study II's runs. The last column is the tuned recipe's loss minus "
-            "the paper's, paired by seed.", "", *recipe_table(results), "",
+            "mean ± standard error over seeds (count in brackets). The last column is the "
+            "tuned recipe's loss minus the paper's, paired by seed.", "",
+            *recipe_table(results), "",
             "## The sweeps behind the tuned choice (seed 0)", "",
             "Final loss at each warm-up, at the paper recipe's best LR (the centre); then, at "
             "the chosen warm-up, the loss at each LR (as a multiple of the centre).", "",

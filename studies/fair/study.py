@@ -7,15 +7,19 @@ baselines, and a corpus that does not repeat?
     python studies/fair/study.py status     # what is recorded and what can run now
 
 Every run is Study II's (`studies/horizon/`): Enoki at 2 heads (1.25M parameters), 32 x 128
-tokens a step, bf16 autocast, the cos_inf schedule, trained with `danastar sweep`; horizons are
-multiples of the first study's budget (1x = 128 steps, 0.42 tokens per parameter). Two recipes,
-side by side, on two corpora (`shakespeare`, the embedded one; `prose`, 12M+ tokens of
-public-domain prose that a 32x run reads about once):
+tokens a step, the cos_inf schedule, trained with `danastar sweep`; horizons are multiples of
+the first study's budget (1x = 128 steps, 0.42 tokens per parameter); but in float32
+(`train.autocast: off`, the CPU default), not under bf16 autocast. This study's machine (an
+AVX2 CPU without bf16 instructions) multiplies bf16 matrices about 40 times slower than float32
+ones, and Study II's ablation found that autocast off moves no optimizer's final loss by more
+than its seed noise. So every run here is trained here, the paper's recipe on Shakespeare too.
+Two recipes, side by side, on two corpora (`shakespeare`, the embedded one; `prose`, 12M+
+tokens of public-domain prose that a 32x run reads about once):
 
 * **the paper's**: warm-up T/50 for every optimizer, the LR tuned at each horizon (at the first
   horizon the first study's 5 LRs, 1/4 ... 4 x the scaling law's; later the previous horizon's
   best x 1/2, 1, 2; while the best sits at an edge, two more LRs beyond it, at most 3 times),
-  3 seeds at the best. On `shakespeare` these are Study II's runs, read from its records.
+  3 seeds at the best (on `shakespeare`, Study II's grid and rule in float32).
 * **each tuned**: at the paper's best LR, the warm-up chosen from T/50, T/10 and T/5 (while the
   best sits at an edge, the next of T/100, 0 below or 2T/5 above); at that warm-up the LR
   re-checked at x 1/2, 1, 2 (widened as above); 3 seeds at the best pair.
@@ -26,8 +30,8 @@ steps where another optimizer's three-seed mean beats its own.
 
 The grid was fixed before any of its results were seen; its order (`GROUPS`) puts the headline
 first: Shakespeare 4x, then the fresh corpus's horizons, the paper's other baselines at 4x on
-it, then the rest. A run whose configuration equals one already recorded (here or in Study II) is
-not trained again: its record is read where it is.
+it, then the rest. A run whose configuration equals one already recorded is not trained again
+(the warm-up sweep's T/50 point is the paper recipe's run at that LR, for instance).
 """
 
 from __future__ import annotations
@@ -48,9 +52,9 @@ import common  # noqa: E402  (studies/common.py)
 ROOT = common.ROOT
 SWEEPS = HERE / "sweeps" / "generated"
 RECORDS = HERE / "records"
-STUDY_II = ROOT / "studies" / "horizon" / "records"
 
 HEADS = 2
+AUTOCAST = "off"
 STEPS = {1: 128, 4: 512, 16: 2048, 32: 4096}  # horizon (x the first study's budget) -> steps
 EVAL_INTERVAL = {1: 16, 4: 32, 16: 64, 32: 128}
 CORPORA = {"sh": "shakespeare", "pr": "prose"}  # tag in task names -> data.dataset
@@ -70,7 +74,7 @@ PAPER_WARMUP = 2
 # lower groups first. A corpus's horizons for an optimizer are chained (each horizon's paper LR
 # grid is centred on the previous one's best), so a later group may extend an earlier chain.
 GROUPS = (
-    ("sh", (1, 4), MAIN),  # 4x first: Study II's headline (its 1x LRs are recorded already)
+    ("sh", (1, 4), MAIN),  # 4x first: Study II's headline
     ("pr", (1, 4), MAIN),
     ("pr", (1, 4, 16), MAIN),
     ("pr", (4,), ("muon", "ademamix-decaying-wd")),
@@ -123,28 +127,24 @@ def key_of(run: Path) -> Key | None:
         config = yaml.load((run / "config.yaml").read_text(), Loader=yaml.CSafeLoader)
         corpus = {v: k for k, v in CORPORA.items()}.get(config["data"]["dataset"])
         point = json.loads((run / "sweep_point.json").read_text())
-        _KEYS[run] = None if corpus is None or plan["heads"] != HEADS else Key(
+        other = plan["heads"] != HEADS or config["train"]["autocast"] != AUTOCAST
+        _KEYS[run] = None if corpus is None or other else Key(
             corpus, plan["iterations"], plan["opt"], float(rounded(point["lr_multiplier"])),
             plan["warmup_steps"], plan["seed"])
     return _KEYS[run]
 
 
 def index() -> dict[Key, tuple[str, Path]]:
-    """Key -> (sweep name, record folder) of every complete run of this study and of Study II's
-    horizon part (`x*` sweeps: the same base at 2 heads on Shakespeare)."""
+    """Key -> (sweep name, record folder) of every complete run of this study."""
     found = {}
-    sources = [(STUDY_II, lambda name: name.startswith("x")), (RECORDS, lambda name: True)]
-    for folder, wanted in sources:
-        if not folder.is_dir():
-            continue
-        for sweep in sorted(folder.iterdir()):
-            if not wanted(sweep.name):
-                continue
-            for run in sorted(sweep.iterdir()):
-                if (run / "status.json").is_file() and common.complete(run):
-                    key = key_of(run)
-                    if key is not None:
-                        found.setdefault(key, (sweep.name, run))
+    if not RECORDS.is_dir():
+        return found
+    for sweep in sorted(RECORDS.iterdir()):
+        for run in sorted(sweep.iterdir()):
+            if (run / "status.json").is_file() and common.complete(run):
+                key = key_of(run)
+                if key is not None:
+                    found.setdefault(key, (sweep.name, run))
     return found
 
 
@@ -154,7 +154,7 @@ def base(corpus: str, horizon: int) -> dict:
     return {"preset": "cpu_shakespeare", "data.dataset": CORPORA[corpus],
             "model.heads": HEADS, "train.batch_size": 32, "train.iterations": STEPS[horizon],
             "train.eval_interval": EVAL_INTERVAL[horizon], "train.final_eval_batches": None,
-            "train.sample_tokens": 0, "train.autocast": "bf16"}
+            "train.sample_tokens": 0, "train.autocast": AUTOCAST}
 
 
 @dataclasses.dataclass
