@@ -33,6 +33,7 @@ def listing(run_dir):
     (["--opt", "adamw"], "opt: adana → adamw"),
     (["--heads", "3"], "heads: 2 → 3"),
     (["--kappa", "0.9"], "kappa: 0.85 → 0.9"),
+    (["--state_dtype", "bfloat16"], "state_dtype: float32 → bfloat16"),
     (["--dataset", "OTHER"], "dataset: "),
     # the default cos_inf decays to its floor at the last step: its past depends on the total
     (["--iterations", "24"], "iterations: 12 → 24 (the cos_inf schedule"),
@@ -53,6 +54,19 @@ def test_a_resume_that_changes_the_trajectory_is_refused_listing_the_change(
     assert change in message, message
     assert "another --run_dir" in message and "--no_auto_resume" in message
     assert (listing(run_dir), metrics(run_dir)) == before  # nothing written, moved or loaded
+
+
+def test_the_optimizer_states_dtype_is_compared_and_float32_is_recorded_as_before():
+    """A float32 run's identity has no state_dtype (its hash, and so its automatic directory,
+    is what it was before the setting was recorded), and reads as float32 when compared."""
+    from danastar.train.identity import changed_settings
+
+    float32, bfloat16 = {"opt": "adana"}, {"opt": "adana", "state_dtype": "bfloat16"}
+    assert changed_settings(float32, bfloat16, step=4) == (
+        ["state_dtype: float32 → bfloat16"], [])
+    assert changed_settings(bfloat16, float32, step=4) == (
+        ["state_dtype: bfloat16 → float32"], [])
+    assert changed_settings(float32, {**float32, "state_dtype": "float32"}, step=4) == ([], [])
 
 
 def continue_copy(stopped, tmp_path, flags, name="run"):

@@ -3,9 +3,10 @@ when it starts, and a resume that would change any of it is refused before anyth
 
 The identity is everything the weights depend on: the model (architecture and every
 dimension, its options), the export it starts from (`--init_from`, its resolved path), the
-optimizer and every hyperparameter it receives, the peak LR, the schedule and its warm-up, the
-gradient clip, the seeds, the global batch (batch size, accumulation steps, sequence length),
-the iterations, the tokenizer and vocabulary, and a fingerprint of the dataset. What does not
+optimizer and every hyperparameter it receives, the dtype of its state, the peak LR, the
+schedule and its warm-up, the gradient clip, the seeds, the global batch (batch size,
+accumulation steps, sequence length), the iterations, the tokenizer and vocabulary, and a
+fingerprint of the dataset. What does not
 change the trajectory (logging, evaluation and checkpoint cadence, trackers,
 `--iterations_to_run`, the process count when the global batch is the same) may change between
 starts; `run.json` records each start and what changed.
@@ -37,6 +38,10 @@ from danastar.rundir.files import RUN_FILE, has_earlier_run
 # a later `danastar prepare` may add, do not make a different dataset).
 DATA_KEYS = ("format", "tokenizer", "vocab_size", "dtype", "eot_id", "source", "train_tokens",
              "val_tokens", "train_documents", "val_documents")
+# Settings recorded only when they differ from their default, so that the identity (and the
+# automatic directory named from its hash) of a run at the default is what it was before the
+# setting was recorded; an identity without one had the default.
+RECORDED_WHEN_SET = {"state_dtype": "float32"}
 # Settings derived from the plan that the checkpoints of runs older than run.json hold.
 PLAN_KEYS = ("arch", "heads", "n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden",
              "vocab_size", "padded_vocab_size", "opt", "lr", "weight_decay", "wd_ts", "omega",
@@ -59,6 +64,8 @@ def run_identity(config, plan, layout, tokens) -> dict[str, Any]:
         **{key: value for key, value in plan.optimizer_hparams.items()
            if key not in ("weight_decay", "wd_ts")},
         "grad_clip": config.optim.grad_clip,
+        # the optimizer state's dtype (bfloat16: stochastically rounded on every write)
+        "state_dtype": config.optim.state_dtype,
         "scheduler": config.optim.scheduler, "warmup_steps": plan.warmup_steps,
         "iterations": plan.iterations,
         "seed": config.train.seed, "data_seed": data_seed,
@@ -67,6 +74,9 @@ def run_identity(config, plan, layout, tokens) -> dict[str, Any]:
         "vocab_size": shape["vocab_size"], "padded_vocab_size": shape["padded_vocab_size"],
         **dataset_identity(config.data.dataset, tokens),
     }
+    for key, default in RECORDED_WHEN_SET.items():
+        if identity[key] == default:
+            del identity[key]
     if config.train.init_from:  # its starting weights; a random start's identity is unchanged
         identity["init_from"] = str(Path(config.train.init_from).expanduser().resolve())
     if plan.model.moe:  # a dense run's identity stays what it was before MoE existed
@@ -122,7 +132,8 @@ def changed_settings(recorded: dict[str, Any], current: dict[str, Any], *, step:
     for key in keys:
         if key not in current and not complete:
             continue
-        old, new = recorded.get(key), current.get(key)
+        old, new = (identity.get(key, RECORDED_WHEN_SET.get(key))
+                    for identity in (recorded, current))
         if old == new:
             continue
         change = f"{key}: {show(old)} → {show(new)}"
