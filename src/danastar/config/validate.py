@@ -165,7 +165,7 @@ def check_numbers(config: TrainConfig) -> None:
 def check_paths_and_cadence(config: TrainConfig) -> None:
     if not config.data.dataset.strip():
         raise UserError("data.dataset (--dataset) is empty; give a prepared data directory, "
-                        "shakespeare or synthetic.")
+                        "shakespeare, prose or synthetic.")
     if config.logging.run_dir is not None and not config.logging.run_dir.strip():
         raise UserError("logging.run_dir (--run_dir) is empty; give a directory, or leave it "
                         "unset for runs/<dataset>-<arch>-<opt>-h<heads>-s<seed>.")

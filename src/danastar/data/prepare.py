@@ -60,7 +60,7 @@ from danastar.durable import atomic_path, out_of_space, sha256
 from danastar.errors import UserError
 
 # Sources prepared automatically on first use by name (small, and downloadable without an account).
-AUTO_PREPARED = ("shakespeare",)
+AUTO_PREPARED = ("shakespeare", "prose")
 
 
 def default_data_dir(name: str) -> Path:
@@ -77,10 +77,10 @@ def is_prepared(directory: Path) -> bool:
 def ensure_prepared(name_or_dir: str | os.PathLike) -> Path:
     """A prepared data directory: the path itself if prepared, else the named source's default one.
 
-    `shakespeare` is prepared on first use, and prepared again where its default directory is
-    found damaged (the check costs milliseconds for this corpus). Several processes (e.g. the ranks
-    of one job) may call this at once: an exclusive file lock lets one prepare while the others
-    wait, and the others then find `meta.json` in place.
+    `shakespeare` and `prose` are prepared on first use, and prepared again where their default
+    directory is found damaged (the check costs milliseconds for these corpora). Several
+    processes (e.g. the ranks of one job) may call this at once: an exclusive file lock lets one
+    prepare while the others wait, and the others then find `meta.json` in place.
     """
     path = Path(name_or_dir).expanduser()
     if path.is_dir() and is_prepared(path):
