@@ -48,7 +48,7 @@ from danastar.errors import UserError  # noqa: E402
 OUT = ROOT / "docs" / "study-fair"
 SUMMARY = HERE / "summary.json"
 # Training tokens of each prepared corpus (its meta.json): what an epoch is.
-TRAIN_TOKENS = {"sh": 1_892_697, "pr": None}
+TRAIN_TOKENS = {"sh": 1_892_697, "pr": 14_342_670}
 RECIPES = ("paper", "tuned")
 RECIPE_NAMES = {"paper": "the paper's (warm-up T/50)", "tuned": "each tuned"}
 
