@@ -145,6 +145,26 @@ def test_bad_flags_are_one_sentence(tmp_path, capsys):
                                        str(tmp_path / "nowhere"))
 
 
+def test_a_device_this_machine_has_not_is_one_sentence_before_any_work(tmp_path, capsys,
+                                                                      monkeypatch):
+    # Before: --device cuda exported the run, then lm-eval failed with "Torch not compiled with
+    # CUDA enabled" (a traceback); an unknown name ran on the CPU without a word.
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("torch.backends.mps.is_available", lambda: False)
+    args = (str(tmp_path), "--tasks", "x", "--device")
+    assert refusal(capsys, *args, "cuda") == ("danastar eval: --device cuda asks for a GPU, but "
+                                              "no CUDA device is visible; use --device cpu.")
+    assert "--device cuda:1 asks for a GPU" in refusal(capsys, *args, "cuda:1")
+    assert refusal(capsys, *args, "gpu") == ("danastar eval: --device 'gpu' is not known; use "
+                                             "cpu, cuda or cuda:N.")
+    assert "--device mps asks for Apple's GPU" in refusal(capsys, *args, "mps")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    assert refusal(capsys, *args, "cuda:1") == (
+        "danastar eval: --device cuda:1: 1 CUDA device(s) are visible (cuda:0 to cuda:0); name "
+        "one of them.")
+
+
 def test_without_the_extra_it_says_which_to_install(tmp_path):
     code = ("import sys\nsys.modules['lm_eval'] = None\nfrom danastar.cli import main\n"
             f"raise SystemExit(main(['eval', {str(tmp_path)!r}, '--tasks', 'x']))")

@@ -3,8 +3,10 @@
 how the model was trained. Single-file and sharded (DCP) checkpoints export alike."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,6 +119,48 @@ def test_an_out_directory_with_files_is_refused(runs, tmp_path, capsys):
     said = refusal(capsys, str(runs["llama"]), "--out", str(tmp_path / "taken"))
     assert f"--out {tmp_path / 'taken'} exists and is not empty" in said
     assert (tmp_path / "taken" / "file").read_text() == "mine"
+
+
+def read_only_folder(tmp_path):
+    """A folder that takes no new files: chmod for a user, a read-only file system for root."""
+    if os.geteuid() != 0:
+        (tmp_path / "locked").mkdir(mode=0o555)
+        return tmp_path / "locked"
+    locked = os.path.realpath("/proc/sys")
+    if not os.path.isdir(locked) or os.access(locked, os.W_OK):
+        pytest.skip("running as root and no read-only file system to write into")
+    return Path(locked)
+
+
+@pytest.fixture
+def no_export_work(monkeypatch):
+    """The export's work (reading the checkpoint) must not begin: the --out checks come first."""
+    def load_weights(*args, **kwargs):
+        raise AssertionError("the export read the checkpoint before checking --out")
+    monkeypatch.setattr("danastar.train.weights.load_weights", load_weights)
+
+
+def test_an_out_under_a_file_is_one_sentence_before_any_work(tmp_path, capsys, no_export_work):
+    # Before: FileExistsError from mkdir, after the whole export had been computed.
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept")
+    said = refusal(capsys, str(tmp_path), "--out", str(a_file / "hf"))
+    assert said == (f"danastar export: --out {a_file / 'hf'} cannot be written: {a_file} is a "
+                    "file, not a folder; give --out a path in a writable folder.")
+    said = refusal(capsys, str(tmp_path), "--out", str(a_file))
+    assert said == (f"danastar export: --out {a_file} is a file; give --out a new or empty "
+                    "directory.")
+    assert a_file.read_text() == "kept"
+
+
+def test_an_out_in_a_read_only_folder_is_refused_before_any_work(tmp_path, capsys,
+                                                                  no_export_work):
+    # Before: refused by the system only after the whole export (a PermissionError traceback).
+    locked = read_only_folder(tmp_path)
+    said = refusal(capsys, str(tmp_path), "--out", os.path.join(locked, "hf"))
+    assert said.startswith(f"danastar export: --out {os.path.join(locked, 'hf')} cannot be "
+                           f"written: {locked} does not take new files (")
+    assert said.endswith("); give --out a path in a writable folder.")
 
 
 def test_without_the_extra_it_says_which_to_install(tmp_path):

@@ -11,6 +11,7 @@ and are printed as a table (docs/export.md).
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from danastar.errors import UserError
@@ -32,7 +33,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--num_fewshot", type=int, default=None,
                         help="examples in each prompt (default: the task's own)")
     parser.add_argument("--batch_size", type=int, default=8, help="default 8")
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or mps")
     args = parser.parse_args(argv)
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
     if not tasks:
@@ -45,6 +46,7 @@ def main(argv: list[str]) -> int:
     if args.include_path is not None and not args.include_path.is_dir():
         raise UserError(f"--include_path {args.include_path} is not a folder; give the folder "
                         "that holds your YAML tasks.")
+    check_device(args.device)  # before the export and lm-eval's start-up
     from danastar.export.evaluate import evaluate, table
 
     result = evaluate(Path(args.path), tasks, limit=args.limit, include_path=args.include_path,
@@ -53,3 +55,26 @@ def main(argv: list[str]) -> int:
     print(table(result.scores))
     print(f"written to {result.written}")
     return 0
+
+
+def check_device(requested: str) -> None:
+    """Refuse a --device that lm-eval would not run on here: an unknown name (it would run on
+    the CPU without a word), or a GPU this machine does not have."""
+    import torch
+
+    text = requested.strip().lower()
+    match = re.fullmatch(r"cpu|mps|cuda(?::([0-9]+))?", text)
+    if match is None:
+        raise UserError(f"--device {requested!r} is not known; use cpu, cuda or cuda:N.")
+    if text == "mps" and not torch.backends.mps.is_available():
+        raise UserError("--device mps asks for Apple's GPU, which is not available here; use "
+                        "--device cpu.")
+    if not text.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {requested} asks for a GPU, but no CUDA device is visible; "
+                        "use --device cpu.")
+    index, count = int(match.group(1) or 0), torch.cuda.device_count()
+    if index >= count:
+        raise UserError(f"--device {requested}: {count} CUDA device(s) are visible (cuda:0 to "
+                        f"cuda:{count - 1}); name one of them.")

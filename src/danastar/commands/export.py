@@ -14,7 +14,11 @@ export checks that its logits equal danastar's before writing anything (docs/exp
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from pathlib import Path
+
+from danastar.errors import UserError
 
 
 def main(argv: list[str]) -> int:
@@ -29,6 +33,7 @@ def main(argv: list[str]) -> int:
                         help="export danastar's own class (trust_remote_code) even where "
                              "transformers has one")
     args = parser.parse_args(argv)
+    check_out(args.out)  # before the export's work, which the last step would otherwise lose
     from danastar.export import export
 
     result = export(Path(args.path), args.out, custom=args.custom)
@@ -38,3 +43,22 @@ def main(argv: list[str]) -> int:
     print(f"files: {', '.join(result.files)}")
     print(f"tokenizer: {result.tokenizer_note}")
     return 0
+
+
+def check_out(out: Path) -> None:
+    """Refuse an --out the export could not be put at: a file on its way, or a folder that
+    takes no new files. The export is written beside its destination and renamed into place, so
+    the folder tried is the nearest existing one of --out's parent (tried by creating a folder
+    there, as the export will)."""
+    fix = "give --out a path in a writable folder"
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give --out a new or empty directory.")
+    existing = next(p for p in (out.parent, *out.parent.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"--out {out} cannot be written: {existing} is a file, not a folder; "
+                        f"{fix}.")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".danastar-write-check-", dir=existing))
+    except OSError as error:
+        raise UserError(f"--out {out} cannot be written: {existing} does not take new files "
+                        f"({error.strerror}); {fix}.") from None
