@@ -169,24 +169,24 @@ def multiplier_table(horizons, inside, paper) -> tuple[list[str], list[dict]]:
                 steps = ("not by every seed" if mine.steps_fraction is None
                          else pm(mine.steps_fraction, ".0%"))
                 rows.append(summary_row(h, optimizer, "within-horizon", mine.multiplier,
-                                        len(mine.seeds), final[0].lr))
+                                        len(mine.seeds), final[0].lr, mine.extrapolated))
             theirs = paper.get((h.horizon, optimizer))
             cell_paper = "–"
             if theirs is not None:
                 cell_paper = pm(theirs[0], ".2f") + (" (extrapolated)" if theirs[1] else "")
                 rows.append(summary_row(h, optimizer, "paper", theirs[0], theirs[0].n,
-                                        final[0].lr))
+                                        final[0].lr, theirs[1]))
             lines.append(f"| {h.horizon}× | {h.tokens_per_param():.2f} | {optimizer} | "
                          f"{loss.n} | {pm(loss)} | {cell_in} | {steps} | {cell_paper} |")
     return lines, rows
 
 
 def summary_row(h: Horizon, optimizer: str, estimator: str, value: seeds.MeanSE, count: int,
-                lr: float) -> dict:
+                lr: float, extrapolated: bool) -> dict:
     return {"heads": HEADS, "tokens_per_param": clean(h.tokens_per_param(), 3),
             "optimizer": optimizer, "estimator": estimator,
             "multiplier": clean(value.mean, 4), "multiplier_se": clean(value.se, 3),
-            "seeds": count, "best_lr": clean(lr, 4)}
+            "seeds": count, "best_lr": clean(lr, 4), "extrapolated": extrapolated}
 
 
 def multiplier_figure(rows: list[dict]):
@@ -201,13 +201,17 @@ def multiplier_figure(rows: list[dict]):
             if not mine:
                 continue
             xs = [r["tokens_per_param"] * shift for r in mine]
-            ax.errorbar(xs, [r["multiplier"] for r in mine],
-                        yerr=[r["multiplier_se"] or 0.0 for r in mine], marker=marker,
-                        capsize=3, color=plots.colour(optimizer),
-                        markerfacecolor=plots.colour(optimizer) if fill else "white",
-                        linestyle="-" if fill else ":",
-                        label=f"{plots.display_name(optimizer)}, "
-                              f"{'within the horizon' if fill else 'the paper’s estimator'}")
+            colour = plots.colour(optimizer)
+            ax.plot(xs, [r["multiplier"] for r in mine], color=colour,
+                    linestyle="-" if fill else ":",
+                    label=f"{plots.display_name(optimizer)}, "
+                          f"{'within the horizon' if fill else 'the paper’s estimator'}")
+            for x, r in zip(xs, mine):  # an extrapolated reading is a triangle
+                ax.errorbar(x, r["multiplier"], yerr=r["multiplier_se"] or 0.0, capsize=3,
+                            marker="^" if r["extrapolated"] else marker, color=colour,
+                            markerfacecolor=colour if fill else "white")
+    ax.plot([], [], linestyle="none", marker="^", color="grey", markerfacecolor="white",
+            label="▲ read off AdamW's curve extrapolated")
     ax.set_xscale("log")
     ax.set_xlabel("tokens per parameter (2 heads, 1.25M parameters; 128, 512, 2048 steps)")
     ax.set_ylabel(f"compute multiplier vs {plots.display_name(BASELINE)} (bigger is better)")
@@ -237,8 +241,11 @@ def best_lr_figure(horizons: list[Horizon]):
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(sorted({h.tokens_per_param() for h in horizons if h.runs}))
-    ax.get_xaxis().set_major_formatter(plain_formatter())
+    ax.get_xaxis().set_major_formatter(plain_formatter("%.2f"))
     ax.minorticks_off()
+    low, high = ax.get_ylim()
+    ax.set_yticks([v for v in (1e-3, 2e-3, 3e-3, 5e-3, 1e-2, 2e-2, 3e-2) if low <= v <= high])
+    ax.get_yaxis().set_major_formatter(plain_formatter())
     ax.set_xlabel("tokens per parameter (2 heads)")
     ax.set_ylabel("peak learning rate")
     ax.grid(True, which="both", alpha=0.2)
@@ -259,10 +266,13 @@ def repetition_figure(h: Horizon):
             continue
         run = final[0]
         per_epoch = run.plan["tokens_per_step"] / EPOCH_TOKENS
-        steps, losses = run.curve("steps")
+        steps, losses = budgets.periodic_curve(run)  # the same 8 batches at every point
         ax.plot([s * per_epoch for s in steps], losses, color=plots.colour(optimizer),
                 linestyle=plots.linestyle(optimizer), marker=".", markersize=3,
-                label=f"{plots.display_name(optimizer)}: validation")
+                label=f"{plots.display_name(optimizer)}: validation (8 fixed batches)")
+        ax.plot(run.iterations * per_epoch, run.final_loss, marker="D", markersize=5,
+                color=plots.colour(optimizer), markerfacecolor="white", linestyle="none",
+                label=f"{plots.display_name(optimizer)}: final, whole validation set")
         train = [(r["step"] * per_epoch, r["train_loss"]) for r in run.metrics
                  if "train_loss" in r and r["step"] > 0]
         ax.plot(*zip(*train), color=plots.colour(optimizer), linewidth=0.7, alpha=0.5,
@@ -279,8 +289,8 @@ def repetition_figure(h: Horizon):
     ax.grid(True, which="both", alpha=0.2)
     figure.set_size_inches(10.0, 4.2)
     figure.legend(fontsize=7, loc="outside right upper")
-    ax.set_title(f"{h.horizon}× the first study's budget ({h.steps} steps, {epochs:.1f} epochs): "
-                 "does repetition bite?", fontsize=9)
+    ax.set_title(f"{h.horizon}× the first study's budget ({h.steps} steps, {epochs:.1f} epochs), "
+                 "seed 0, each at its best LR: does repetition bite?", fontsize=9)
     return figure
 
 
@@ -321,10 +331,10 @@ def new_figure(width: float, height: float):
     return figure, figure.subplots()
 
 
-def plain_formatter():
+def plain_formatter(spec: str = "%g"):
     from matplotlib.ticker import FormatStrFormatter
 
-    return FormatStrFormatter("%g")
+    return FormatStrFormatter(spec)
 
 
 # ---- the ablations ----------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from danastar.analysis.records import find_runs
 T = 100  # the sweep budget of these runs
 
 
-def run_with(root, opt, *, lr_ratio=1.0, seed=0, iterations=T, curve):
-    """A run whose validation losses are exactly ``curve`` at evenly spaced steps (the last is
-    the final record)."""
+def run_with(root, opt, *, lr_ratio=1.0, seed=0, iterations=T, curve, final=None):
+    """A run whose validation losses are exactly ``curve`` at evenly spaced steps; its final
+    record (another evaluation at the last step) reads ``final``, by default the last value."""
     run_dir = write_run(root / f"{opt}-{lr_ratio}-{seed}-{iterations}", opt, 2,
                         lr_ratio=lr_ratio, seed=seed, iterations=iterations,
                         evals=len(curve) - 1)
@@ -24,7 +24,8 @@ def run_with(root, opt, *, lr_ratio=1.0, seed=0, iterations=T, curve):
     steps = [round(i * iterations / (len(curve) - 1)) for i in range(len(curve))]
     lines = [{"step": s, "val_loss": v, "tokens": s * tokens_per_step}
              for s, v in zip(steps, curve)]
-    lines.append({**lines[-1], "final": True})
+    lines.append({**lines[-1], "final": True}
+                 | ({} if final is None else {"val_loss": final}))
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return run_dir
 
@@ -76,6 +77,18 @@ def test_within_size_multiplier_by_hand(study):
     g = (math.log(2.8) - math.log(3.0)) / (math.log(2.75) - math.log(3.0))
     s0 = math.exp(math.log(25) + g * math.log(2)) / T
     assert result.steps_fraction.mean == pytest.approx((s0 + 1.0) / 2, rel=1e-9)
+
+
+def test_steps_to_the_baselines_loss_compare_the_same_evaluation(tmp_path):
+    """The final evaluation (the whole validation set) reads higher than the periodic batches:
+    the steps to AdamW's loss compare periodic with periodic, never one with the other."""
+    run_with(tmp_path, "adamw", curve=[10, 2.8], final=2.9)
+    run_with(tmp_path, "adamw", iterations=2 * T, curve=[10, 2.6], final=2.7)
+    run_with(tmp_path, "adana", curve=[10, 3.0, 2.85, 2.8, 2.75], final=2.82)
+    (result,) = budgets.within_size_multipliers(find_runs([tmp_path]), "adamw")
+    # AdamW's periodic 2.8 at T is reached at step 75 exactly; against its final 2.9 the
+    # crossing would have come before step 50
+    assert result.steps_fraction.mean == pytest.approx(0.75, rel=1e-12)
 
 
 def test_unpaired_seed_reads_the_mean_curve(study):

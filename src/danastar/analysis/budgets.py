@@ -10,8 +10,12 @@ optimizer's final loss read off it gives the compute the baseline needs for that
 Runs are paired by seed (the same initialisation and data order) where the baseline has that
 seed at two or more budgets, else read off the baseline's seed-mean curve; the multipliers of
 the seeds give a mean and standard error. "Steps to the baseline's loss" is the other reading of
-the same comparison: the fraction of its steps an optimizer's run took to reach the final loss
-of the baseline's run with the same seed and budget (None where it never did).
+the same comparison: the fraction of its steps an optimizer's run took to reach the loss of the
+baseline's run with the same seed and budget (None where it never did). Both sides are read on
+the same evaluation, the periodic one (`eval_batches` fixed batches): the baseline's loss at its
+last periodic evaluation, step s, and the optimizer's periodic curve, giving its crossing / s.
+The final evaluation (often the whole validation set) reads differently from the periodic
+batches, so it is on neither side.
 """
 
 from __future__ import annotations
@@ -128,6 +132,30 @@ class BudgetMultiplier:
                 else steps.se, "untuned": self.untuned}
 
 
+def periodic_curve(run: Run) -> tuple[list[float], list[float]]:
+    """Steps and validation losses of a run's periodic evaluations (not the final one)."""
+    points = sorted((int(r["step"]), float(r["val_loss"])) for r in run.metrics
+                    if "val_loss" in r and not r.get("final"))
+    return [float(step) for step, _ in points], [loss for _, loss in points]
+
+
+def last_periodic(run: Run) -> tuple[float, float] | None:
+    """(step, loss) of a run's last periodic evaluation; None without one after step 0."""
+    steps, losses = periodic_curve(run)
+    return (steps[-1], losses[-1]) if steps and steps[-1] > 0 else None
+
+
+def steps_to(run: Run, target: tuple[float, float] | None) -> float | None:
+    """The share of the baseline's steps, up to its last periodic evaluation `target` (step,
+    loss), that `run` took to reach that loss on the same evaluation; None where the baseline
+    has no such evaluation or the run never reached it."""
+    if target is None:
+        return None
+    steps, losses = periodic_curve(run)
+    cross = multiplier.first_crossing(steps, losses, target[1])
+    return None if cross is None else cross / target[0]
+
+
 def _baseline_curves(runs: Sequence[Run]) -> tuple[dict[int, list[tuple[float, float]]],
                                                     list[tuple[float, float]]]:
     """Per seed the (PFH, final loss) points of the baseline's budgets, and the seed-mean curve."""
@@ -179,7 +207,7 @@ def within_size_multipliers(runs: Sequence[Run], baseline: str = "adamw"
         per_seed, mean_curve = _baseline_curves(base_runs)
         label = f"{size[0]} h{size[1]}"
         _check_curve(mean_curve, baseline, label)
-        base_final = {(r.seed, r.iterations): r.final_loss for r in base_runs}
+        base_last = {(r.seed, r.iterations): last_periodic(r) for r in base_runs}
         chosen = best_lr_runs(group_runs)
         reasons = [f"{name}: {why}" for name, why in ((group, sweep_untuned(group_runs)),
                                                       (baseline, sweep_untuned(by_key[base])))
@@ -197,14 +225,11 @@ def within_size_multipliers(runs: Sequence[Run], baseline: str = "adamw"
                 (point,) = multiplier.measured_multipliers(curve, [(run.pfh, run.final_loss)])
                 values.append(point.multiplier)
                 kinds.append(point.kind)
-                target = base_final.get((run.seed, steps))
-                if target is not None:
-                    xs, ys = run.curve("steps")
-                    cross = multiplier.first_crossing(xs, ys, target)
-                    if cross is None:
-                        reached = False
-                    else:
-                        fractions.append(cross / steps)
+                fraction = steps_to(run, base_last.get((run.seed, steps)))
+                if fraction is None:
+                    reached = False
+                else:
+                    fractions.append(fraction)
             steps_fraction = (seeds.mean_se(fractions) if fractions and reached else None)
             results.append(BudgetMultiplier(
                 group, size[0], size[1], steps, rs[0].lr, rs[0].total_params,
