@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,8 +99,26 @@ def parse_sweep(loaded: Any, source: Path | None = None) -> Sweep:
     if "lr_multiplier" in {**base, **grid} and "optim.lr" in {**base, **grid}:
         raise UserError(f"{where} sets both optim.lr and lr_multiplier (which multiplies the "
                         f"scaling law's LR); keep only one of them.")
+    for value in grid.get("lr_multiplier", [base.get("lr_multiplier", 1.0)]):
+        check_lr_multiplier(value, where)
     return Sweep(str(name), dict(base), {key: list(values) for key, values in grid.items()},
                  source)
+
+
+def check_lr_multiplier(value: Any, where: str) -> None:
+    """An LR multiplier is a finite number above 0 (the run's LR is it times the law's), or
+    null (the law's LR)."""
+    if value is None:
+        return
+    number = None if isinstance(value, bool) else value
+    if isinstance(number, str):
+        try:
+            number = float(number)
+        except ValueError:
+            number = None
+    if not isinstance(number, (int, float)) or not math.isfinite(number) or number <= 0:
+        raise UserError(f"{where}: lr_multiplier {value!r} must be a number greater than 0 (it "
+                        f"multiplies the scaling law's LR, e.g. 0.5 or 2).")
 
 
 def check_key(key: str, where: str) -> None:
