@@ -50,6 +50,13 @@ def test_expansion_names_every_point_and_keeps_the_grid_order():
     ({"heads": [2]}, "unknown grid key 'heads'; write it as the config key 'model.heads'."),
     ({}, "has an empty grid:; list at least one key to vary"),
     ({"optim.lr": [1e-3], "lr_multiplier": [1]}, "keep only one of them."),
+    # Before: -1 and 0 were reported as `optim.lr (--lr) must be greater than 0`, naming a flag
+    # the sweep file does not use; "x" was a ValueError traceback.
+    ({"lr_multiplier": [0.5, -1]}, "the sweep: lr_multiplier -1 must be a number greater than 0"),
+    ({"lr_multiplier": [0]}, "lr_multiplier 0 must be a number greater than 0"),
+    ({"lr_multiplier": ["x"]}, "lr_multiplier 'x' must be a number greater than 0"),
+    ({"lr_multiplier": [float("inf")]}, "lr_multiplier inf must be a number greater than 0"),
+    ({"lr_multiplier": [True]}, "lr_multiplier True must be a number greater than 0"),
 ])
 def test_bad_sweep_files_are_one_sentence(grid, message):
     with pytest.raises(UserError, match=message.replace("?", r"\?").replace("(", r"\(")):
@@ -199,6 +206,45 @@ def test_a_command_line_key_that_the_grid_varies_or_the_run_dir_is_refused(tmp_p
         main([str(spec), "--runs_root", str(tmp_path / "runs"), *args])
     assert message.format(spec=spec) in str(refused.value)
     assert not (tmp_path / "runs").exists()
+
+
+def refusal(capsys, *args) -> str:
+    """The one line of a refusal through the command line's entry point (exit 2)."""
+    from danastar.cli import main
+
+    capsys.readouterr()
+    assert main(["sweep", *map(str, args)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("danastar sweep: "), err
+    return err[0].removeprefix("danastar sweep: ")
+
+
+def test_a_negative_lr_multiplier_is_named_as_the_sweep_file_says_it(tmp_path, capsys):
+    spec = write_spec(tmp_path, grid={"lr_multiplier": [-1, 1]})
+    assert refusal(capsys, spec, "--dry_run") == (
+        f"sweep file {spec}: lr_multiplier -1 must be a number greater than 0 (it multiplies the "
+        "scaling law's LR, e.g. 0.5 or 2).")
+
+
+def test_a_runs_root_that_cannot_hold_the_sweep_is_refused_naming_runs_root(tmp_path, capsys):
+    # Before: "run directory ... cannot be created because ... is a file; pass another
+    # --run_dir", a flag a sweep refuses.
+    spec = write_spec(tmp_path, grid={"train.seed": [0]})
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept")
+    for dry_run in ([], ["--dry_run"]):
+        assert refusal(capsys, spec, "--runs_root", a_file, *dry_run) == (
+            f"--runs_root {a_file} is a file; give --runs_root a folder.")
+        assert refusal(capsys, spec, "--runs_root", a_file / "runs", *dry_run) == (
+            f"--runs_root {a_file / 'runs'} cannot be written: {a_file} is a file, not a folder; "
+            "give --runs_root a path in a writable folder.")
+    assert a_file.read_text() == "kept"
+    (tmp_path / "runs" / "tiny").mkdir(parents=True)
+    (tmp_path / "runs" / "tiny" / "s0").write_text("kept")
+    assert refusal(capsys, spec, "--runs_root", tmp_path / "runs") == (
+        f"{tmp_path / 'runs' / 'tiny' / 's0'} is a file, where run s0's directory goes; move it "
+        "away or give another --runs_root.")
+    assert sorted(p.name for p in (tmp_path / "runs" / "tiny").iterdir()) == ["s0"]
 
 
 def test_a_run_name_longer_than_the_file_system_allows_is_refused(tmp_path):

@@ -84,11 +84,15 @@ def main(argv: list[str]) -> int:
     given = command_line_keys(train_argv)
     check_command_line(sweep, given)
     root = Path(args.runs_root).expanduser().resolve() / sweep.name
+    check_runs_root(Path(args.runs_root), root, [root / point.name for point in sweep.points()])
     # A dry run prepares no data: where it is not prepared yet, the runs are not compared.
     runs = [plan_run(sweep.name, overridden(point, given), root, train_argv,
                      prepare=not args.dry_run) for point in sweep.points()]
     refuse_changed_runs(sweep.name, runs)  # before anything is written
     if args.dry_run:
+        from danastar.rundir.lock import check_free
+
+        check_free(root, "use another --runs_root")  # as the sweep would refuse (probed only)
         print_runs(runs)
         return 0
     for line in plan_lines(runs):
@@ -102,6 +106,23 @@ def main(argv: list[str]) -> int:
             print(f"danastar sweep: {unlocked}", file=sys.stderr)
         write_expanded(root, sweep, runs, train_argv)
         return run_all(runs, root, args.parallel, sweep.name)
+
+
+def check_runs_root(runs_root: Path, root: Path, run_dirs: list[Path]) -> None:
+    """Refuse, before any run is planned or anything written, a --runs_root that cannot hold the
+    sweep: a file on its way, a folder that takes no new files, or a file where the sweep's
+    folder or one of its runs' directories goes."""
+    from danastar.durable import check_output
+
+    check_output(runs_root, "--runs_root", folder=True)
+    for path in (root, *run_dirs):
+        what = "the sweep's folder" if path == root else f"run {path.name}'s directory"
+        if path.exists() and not path.is_dir():
+            raise UserError(f"{path} is a file, where {what} goes; move it away or give "
+                            f"another --runs_root.")
+        if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+            raise UserError(f"{path}, {what}, is not writable; make it writable or give another "
+                            f"--runs_root.")
 
 
 def command_line_keys(train_argv: list[str]) -> dict[str, str]:
