@@ -107,6 +107,10 @@ def test_sweeps_expand_in_order_with_readable_names():
     (["--cluster", "nowhere", "--clusters", "/nonexistent.yaml"], "no cluster registry"),
     (["--array", "/nonexistent.yaml"], "cannot read the sweep file"),
     (["--time", "5", "--signal_lead", "300"], "every segment would stop as it starts"),
+    # Before: ignored without a word (one process per GPU).
+    (["--gpus_per_node", "2", "--tasks_per_node", "3"],
+     "--tasks_per_node 3 is for a job without GPUs; with GPUs (--gpus_per_node 2) each node runs "
+     "one process per GPU, so remove --tasks_per_node (or ask for --gpus_per_node 0)."),
 ])
 def test_refusals_are_one_sentence_and_exit_2(tmp_path, capsys, args, message):
     # In-process through the CLI's own entry point (the dry-run test above runs it as a process).
@@ -117,10 +121,47 @@ def test_refusals_are_one_sentence_and_exit_2(tmp_path, capsys, args, message):
 
 
 def test_submit_without_sbatch_says_where_to_run(tmp_path, capsys, monkeypatch):
+    # Before: slurm/ and logs/ were left behind, and `danastar results` listed them as a run.
     monkeypatch.setenv("PATH", str(tmp_path))  # a machine without SLURM's commands
-    assert cli.main(["submit", *TINY, "--run_dir", str(tmp_path / "r")]) == 2
-    assert "sbatch is not installed here" in capsys.readouterr().err
-    assert (tmp_path / "r" / "slurm" / "submit.sbatch").exists()  # written, ready to sbatch
+    assert cli.main(["submit", *TINY, "--run_dir", str(tmp_path / "runs" / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["danastar submit: sbatch is not installed here; run danastar submit on a SLURM "
+                   "login node or give the cluster profile a login: host."]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.process  # a stand-in sbatch
+def test_a_job_sbatch_refuses_leaves_the_run_directory_as_it_was(tmp_path, capsys, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition' >&2\n"
+                                    "exit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    run_dir = tmp_path / "r"
+    (run_dir / "slurm").mkdir(parents=True)
+    (run_dir / "slurm" / "plan.json").write_text("an earlier submission's")
+    assert cli.main(["submit", *TINY, "--run_dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["danastar submit: sbatch refused the job (sbatch: error: invalid partition); "
+                   "fix the flags or the cluster profile and submit again (--dry_run prints the "
+                   "script without submitting it)."]
+    assert [p.name for p in run_dir.rglob("*")] == ["slurm", "plan.json"]
+    assert (run_dir / "slurm" / "plan.json").read_text() == "an earlier submission's"
+
+
+def test_a_runs_root_that_is_a_file_is_refused_naming_runs_root(tmp_path, capsys):
+    # Before: the dry run passed, and a sweep's answer was "pass another --run_dir".
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept")
+    array = tmp_path / "grid.yaml"
+    array.write_text("name: g\ngrid: {train.seed: [0, 1]}\n")
+    for args in ([], ["--array", str(array)]):
+        assert cli.main(["submit", *TINY, "--runs_root", str(a_file), *args, "--dry_run"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"danastar submit: --runs_root {a_file} is a file; give --runs_root a "
+                       "folder."]
+    assert a_file.read_text() == "kept"
 
 
 def test_a_profile_fills_the_script_and_caps_the_micro_batch(tmp_path, capsys):

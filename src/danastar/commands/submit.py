@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from danastar.config import default_run_dir, epochs_text, load_config
+from danastar.durable import check_output
 from danastar.errors import UserError
 from danastar.launch import clusters as cluster_registry
 from danastar.launch import slurm
@@ -79,8 +80,11 @@ def main(argv: list[str]) -> int:
                         "again from step 0; to start afresh, give another --run_dir (or move the "
                         "old run directory away) and submit without it.")
     slurm.check_request(args)  # the job's own values as SLURM reads them, before any work
+    if args.runs_root:
+        check_output(Path(args.runs_root).expanduser(), "--runs_root", folder=True)
     profile, choice = choose_profile(args)
-    job, plans = plan_job(args, train_argv, profile)
+    job, checked = plan_job(args, train_argv, profile)
+    plans = [plan for _run_dir, _argv, plan, _config in checked]
     slurm.check_signal_lead(job.time, job.signal_lead)
     script = slurm.render_script(job)
     said = plan_lines(plans)
@@ -92,10 +96,13 @@ def main(argv: list[str]) -> int:
         return 0
     for line in said[1:]:  # the warning, before the job is queued
         print(line, file=sys.stderr)
-    job.script_path.parent.mkdir(parents=True, exist_ok=True)
-    job.script_path.write_text(script)
-    job.script_path.chmod(0o755)
-    job_id = slurm.submit(job.script_path, run=profile.run if profile else None)
+    written = write_job(job, checked, script)
+    try:
+        job_id = slurm.submit(job.script_path, run=profile.run if profile else None)
+    except UserError:
+        # Not queued: a run directory holding only these files would read as a run.
+        written.undo()
+        raise
     log_name = f"{job.name}-{job_id}_<task>.out" if job.is_array else f"{job.name}-{job_id}.out"
     record = {"job_id": job_id, "cluster": profile.name if profile else "",
               "script": str(job.script_path), "runs": [str(d) for d, _ in job.runs]}
@@ -126,15 +133,22 @@ def choose_profile(args) -> tuple[cluster_registry.ClusterProfile | None, str]:
     return cluster_registry.choose_cluster(registry, nodes, gpus)
 
 
-def plan_job(args, train_argv: list[str], profile) -> tuple[slurm.Job, list[dict]]:
+def plan_job(args, train_argv: list[str], profile) -> tuple[slurm.Job, list[tuple]]:
     """Check every run of the job as `danastar train` would, and describe the job; with each
-    run's plan (what `danastar train --dry_run --json` prints)."""
+    run's (run directory, arguments, plan, config), the plan being what `danastar train
+    --dry_run --json` prints. Writes nothing."""
     gpus = args.gpus_per_node if args.gpus_per_node is not None else (
         profile.gpus_per_node if profile else 0)
     tasks = gpus or args.tasks_per_node or 1
     world = args.nodes * tasks
     if args.nodes < 1 or tasks < 1:
         raise UserError("--nodes and --tasks_per_node must be at least 1.")
+    if gpus and args.tasks_per_node not in (None, gpus):
+        source = "--gpus_per_node" if args.gpus_per_node is not None else \
+            f"cluster {profile.name}'s gpus_per_node"
+        raise UserError(f"--tasks_per_node {args.tasks_per_node} is for a job without GPUs; "
+                        f"with GPUs ({source} {gpus}) each node runs one process per GPU, so "
+                        f"remove --tasks_per_node (or ask for --gpus_per_node 0).")
     if profile and profile.max_nodes and args.nodes > profile.max_nodes:
         raise UserError(f"cluster {profile.name} allows at most {profile.max_nodes} nodes; ask "
                         f"for fewer --nodes or another cluster.")
@@ -156,9 +170,6 @@ def plan_job(args, train_argv: list[str], profile) -> tuple[slurm.Job, list[dict
         name, home = checked[0][0].name, checked[0][0]
     # Every run is checked (its resume too) before any run directory is written.
     runs = [(run_dir, point_argv) for run_dir, point_argv, _plan, _config in checked]
-    if not args.dry_run:
-        for run_dir, _argv, plan, config in checked:
-            record_plan(run_dir, plan, config)
 
     def setting(flag_value, profile_field, default):
         if flag_value not in (None, ""):
@@ -167,8 +178,6 @@ def plan_job(args, train_argv: list[str], profile) -> tuple[slurm.Job, list[dict
             else default
 
     cpus = args.cpus_per_task or (profile.cpus_per_gpu if profile and gpus else 0)
-    if not args.dry_run:
-        (home / "logs").mkdir(parents=True, exist_ok=True)
     job = slurm.Job(
         name=name[:120], runs=runs, script_path=home / "slurm" / slurm.SCRIPT_NAME,
         log_dir=home / "logs", workdir=Path.cwd(),
@@ -184,7 +193,58 @@ def plan_job(args, train_argv: list[str], profile) -> tuple[slurm.Job, list[dict
         sbatch_extra=list(profile.sbatch_extra) if profile else [],
         cluster=profile.name if profile else "",
     )
-    return job, [plan for _run_dir, _argv, plan, _config in checked]
+    return job, checked
+
+
+class Written:
+    """What a submission writes, so that it can be taken back when sbatch does not queue the job:
+    each file put back as it was (or removed), each folder it created removed."""
+
+    def __init__(self) -> None:
+        self.files: dict[Path, bytes | None] = {}
+        self.folders: list[Path] = []
+
+    def folder(self, path: Path) -> None:
+        created = [p for p in (path, *path.parents) if not p.exists()]
+        path.mkdir(parents=True, exist_ok=True)
+        self.folders += reversed(created)  # outermost first
+
+    def keep(self, path: Path) -> None:
+        """Remember ``path`` as it is, before it is written."""
+        self.folder(path.parent)
+        if path not in self.files:
+            self.files[path] = path.read_bytes() if path.is_file() else None
+
+    def undo(self) -> None:
+        for path, before in self.files.items():
+            if before is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(before)
+        for folder in reversed(self.folders):
+            try:
+                folder.rmdir()
+            except OSError:  # something else put a file there meanwhile: leave it
+                pass
+
+
+def write_job(job: slurm.Job, checked: list[tuple], script: str) -> Written:
+    """The files of the job: each run's plan and config in `<run_dir>/slurm/`, the log folder
+    and the script."""
+    written = Written()
+    try:
+        for run_dir, _argv, plan, config in checked:
+            for name in ("plan.json", "config.yaml"):
+                written.keep(run_dir / "slurm" / name)
+            record_plan(run_dir, plan, config)
+        written.folder(job.log_dir)
+        written.keep(job.script_path)
+        job.script_path.write_text(script)
+        job.script_path.chmod(0o755)
+    except BaseException:
+        written.undo()
+        raise
+    return written
 
 
 def plan_lines(plans: list[dict]) -> list[str]:

@@ -285,7 +285,8 @@ def submit(script_path: Path, run=None, env=None) -> str:
     if result.returncode != 0:
         message = (result.stderr or result.stdout).strip().splitlines()
         raise UserError(f"sbatch refused the job ({message[-1] if message else 'no message'}); "
-                        f"fix the script {script_path} or the flags and submit again.")
+                        "fix the flags or the cluster profile and submit again (--dry_run "
+                        "prints the script without submitting it).")
     return result.stdout.strip().split(";")[0]
 
 
