@@ -94,6 +94,9 @@ def test_bad_arguments_are_refused_naming_generates_own(two_checkpoints, capsys)
         (["--temperature", "-0.5"], "--temperature -0.5 must be a finite number >= 0"),
         (["--device", "bogus"], "--device 'bogus' is not known; use auto, cpu, cuda or cuda:N."),
         (["--tokens", "0"], "--tokens 0 must be at least 1."),
+        # before: "ValueError: Overflow when unpacking long long", a traceback
+        (["--seed", str(2**64)], f"--seed {2**64} is outside the seeds torch takes "
+                                 f"({-2**63} to {2**64 - 1}); give a seed in that range"),
     ]
     if not torch.cuda.is_available():
         cases.append((["--device", "cuda:0"], "--device cuda:0 asks for a GPU, but no CUDA "
@@ -135,3 +138,19 @@ def test_the_checkpoint_sampled_from_is_named_with_its_step(two_checkpoints, cap
     newest = sorted((two_checkpoints / "checkpoints").iterdir())[-1]
     assert len(captured.out.split()) == 5  # the sample alone on standard output
     assert f"danastar generate: sampling from {newest} (step 4, " in captured.err
+
+
+def test_a_run_whose_data_is_gone_says_to_put_it_back(two_checkpoints, tmp_path, capsys):
+    # Before: "prepare it first with `danastar prepare SOURCE --out DIR` and pass DIR", and
+    # generate takes no data directory.
+    run_dir = tmp_path / "run"
+    shutil.copytree(two_checkpoints, run_dir)
+    gone = tmp_path / "corpus"
+    config = run_dir / "config.yaml"
+    config.write_text(config.read_text().replace("dataset: synthetic", f"dataset: {gone}"))
+    said = refusal(capsys, str(run_dir), "--prompt", "the")
+    assert said.startswith(f"danastar generate: this run trained on the data in {gone}, which is "
+                           "not there now (a relative path is read from the current folder), "
+                           "and sampling needs the tokenizer prepared with it")
+    assert said.endswith("; put that directory back, or run danastar generate from the folder "
+                         "the run was trained in.")

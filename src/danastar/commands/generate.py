@@ -45,6 +45,9 @@ def main(argv: list[str]) -> int:
                         "greedy; 0.8 the default).")
     if args.top_k < 0:
         raise UserError(f"--top_k {args.top_k} must be >= 0 (0 keeps every token).")
+    if not -2**63 <= args.seed < 2**64:  # torch's generator takes no other
+        raise UserError(f"--seed {args.seed} is outside the seeds torch takes ({-2**63} to "
+                        f"{2**64 - 1}); give a seed in that range, e.g. --seed 0.")
     print(generate(Path(args.path), args.prompt, tokens=args.tokens,
                    temperature=args.temperature, top_k=args.top_k or None, seed=args.seed,
                    device=args.device))
@@ -80,7 +83,6 @@ def generate(path: Path, prompt: str, *, tokens: int, temperature: float, top_k:
     import torch
 
     from danastar.data.loader import TokenData
-    from danastar.data.prepare import ensure_prepared
     from danastar.models import build_model
     from danastar.train.weights import load_weights
 
@@ -93,7 +95,7 @@ def generate(path: Path, prompt: str, *, tokens: int, temperature: float, top_k:
     dataset = weights.dataset
     tokenizer = None
     if dataset != "synthetic":
-        tokenizer = TokenData.open(ensure_prepared(dataset)).tokenizer()
+        tokenizer = TokenData.open(prepared_data(dataset, weights.identity)).tokenizer()
     if tokenizer is not None:
         ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
     else:
@@ -129,3 +131,26 @@ def generate(path: Path, prompt: str, *, tokens: int, temperature: float, top_k:
                              temperature=temperature, top_k=top_k)
     new = out[0].tolist()
     return tokenizer.decode(new) if tokenizer is not None else " ".join(map(str, new))
+
+
+def prepared_data(dataset: str, identity: dict) -> Path:
+    """The prepared directory of the run's data, whose tokenizer reads the prompt and writes the
+    sample; refused, naming what to do here, where it is gone or not prepared."""
+    from danastar.data.prepare import AUTO_PREPARED, default_data_dir, ensure_prepared, is_prepared
+    from danastar.data.sources import SOURCES
+
+    tokenizer = identity.get("tokenizer")
+    needed = "sampling needs the tokenizer prepared with it" + (f" ({tokenizer})" if tokenizer
+                                                                else "")
+    if dataset in SOURCES:
+        directory = default_data_dir(dataset)
+        if dataset not in AUTO_PREPARED and not is_prepared(directory):
+            raise UserError(f"this run trained on {dataset}, which is not prepared here "
+                            f"({directory}), and {needed}; run `danastar prepare {dataset}` "
+                            "first.")
+    elif not Path(dataset).expanduser().exists():
+        raise UserError(f"this run trained on the data in {dataset}, which is not there now (a "
+                        f"relative path is read from the current folder), and {needed}; put that "
+                        "directory back, or run danastar generate from the folder the run was "
+                        "trained in.")
+    return ensure_prepared(dataset)
