@@ -177,19 +177,31 @@ def test_a_sharded_export_reads_as_the_single_file_one(runs, exports, tmp_path):
 
 
 @pytest.mark.parametrize("make, said", [
-    (lambda path: None, "is not a directory"),
+    (lambda path: None, "does not exist; give a directory that `danastar export` wrote"),
+    (lambda path: path.write_text("x"), "is not a directory"),
     (lambda path: path.mkdir(), "has no readable config.json"),
     (lambda path: (path.mkdir(), (path / "config.json").write_text(
         '{"architectures": ["GPT2LMHeadModel"]}')), "holds a GPT2LMHeadModel"),
     (lambda path: (path.mkdir(), (path / "config.json").write_text(
         '{"architectures": ["LlamaForCausalLM"]}')), "has no model.safetensors"),
-], ids=["missing", "no-config", "another-class", "no-weights"])
+], ids=["missing", "a-file", "no-config", "another-class", "no-weights"])
 def test_a_path_that_is_no_export_is_one_sentence(make, said, tmp_path, capsys):
     path = tmp_path / "hf"
     make(path)
     message = refusal(capsys, "train", "--dataset", "synthetic", "--arch", "llama", "--heads",
                       "2", "--init_from", path, "--dry_run")
     assert f"--init_from {path} {said}" in message
+
+
+def test_a_moved_export_says_why_a_resume_needs_it_where_it_was(tmp_path, capsys):
+    # Before: "is not a directory; give a directory that `danastar export` wrote", which says
+    # nothing of why a resume, whose weights come from its checkpoint, needs the export.
+    message = refusal(capsys, "train", "--dataset", "synthetic", "--arch", "llama", "--heads",
+                      "2", "--init_from", tmp_path / "hf", "--dry_run")
+    assert message.endswith(f"and to resume a run started from an export that has since moved, "
+                            f"put the export back at {tmp_path / 'hf'} (the run's settings name "
+                            f"it there, and a resume with another --init_from is refused as "
+                            f"another run).")
 
 
 def test_an_empty_init_from_is_refused(capsys):
