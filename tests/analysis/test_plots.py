@@ -233,3 +233,34 @@ def test_lrlaw_through_unswept_sizes_is_refused_or_labelled(tmp_path, capsys):
     (ax,) = figure.axes
     assert "best 1 LRs of each of 3 sizes" in ax.get_title()
     assert "NOT SWEPT: h4 has 1 LR, h6 has 1 LR, h8 has 1 LR" in ax.get_title()
+
+
+@pytest.mark.parametrize("args, message", [
+    # Before: read by plot lrlaw alone, and ignored by the others without a word.
+    (["curves", "--omega", "-1"], "--omega is read by plot lrlaw only, not by plot curves; "
+                                  "remove it."),
+    (["scaling", "--x", "tokens"], "--x is read by plot curves only, not by plot scaling; "
+                                   "remove it."),
+    (["curves", "--vs", "adamw"], "--vs is read by plot scaling and within-size only, not by "
+                                  "plot curves; remove it."),
+    (["lr-sweep", "--best"], "--best is read by plot curves only, not by plot lr-sweep; "
+                             "remove it."),
+    # Before: a negative or NaN ω was taken, keeping the runs nearest to it.
+    (["lrlaw", "--omega", "-1"], "--omega -1 must be a finite number >= 0 (the weight-decay "
+                                 "strength the runs trained with)."),
+    (["lrlaw", "--omega", "nan"], "--omega nan must be a finite number >= 0"),
+    (["lrlaw", "--top_k", "0"], "--top_k 0 must be at least 1."),
+    (["lr-sensitivity", "--min_lrs", "2"], "--min_lrs 2 must be at least 3 (a parabola has three "
+                                           "coefficients)."),
+    (["experts", "--step", "-1"], "--step -1 must be at least 0."),
+    (["lrlaw", "--seed", "-1"], "--seed -1 must be at least 0."),  # before: numpy's ValueError
+], ids=["omega-curves", "x-scaling", "vs-curves", "best-lr-sweep", "omega-negative", "omega-nan",
+        "top_k", "min_lrs", "step", "seed"])
+def test_an_option_the_figure_ignores_or_out_of_range_is_one_sentence(args, message, tmp_path,
+                                                                      capsys):
+    kind, *rest = args
+    capsys.readouterr()
+    assert main(["plot", kind, str(tmp_path), *rest, "--out", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"danastar plot: {message}") and len(err) == 1, err
+    assert list(tmp_path.iterdir()) == []

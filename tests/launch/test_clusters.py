@@ -123,3 +123,35 @@ def test_micro_batch_caps_keep_the_global_batch_or_refuse():
     assert fit_micro_batch(64, 2, 4, 4, "cap") == (16, 8)
     with pytest.raises(UserError, match="halving it does not split evenly"):
         fit_micro_batch(12, 1, 4, 2, "cap")
+
+
+@pytest.mark.parametrize("args, message", [
+    # Before: accepted, and every cluster then read as "no answer within -5 s".
+    (["--check", "--timeout", "-5"],
+     "--timeout -5 must be a number of seconds greater than 0 (default 15)."),
+    (["--check", "--timeout", "nan"],
+     "--timeout nan must be a number of seconds greater than 0 (default 15)."),
+    # Before: ignored without a word.
+    (["--timeout", "5"], "--timeout is how long --check waits for each cluster; add --check, or "
+                         "remove --timeout."),
+], ids=["negative", "nan", "without-check"])
+def test_a_timeout_out_of_range_or_without_check_is_one_sentence(args, message, tmp_path,
+                                                                 capsys):
+    from danastar.cli import main
+
+    registry = tmp_path / "clusters.yaml"
+    registry.write_text("clusters:\n  - name: here\n")
+    assert main(["clusters", "--clusters", str(registry), *args]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"danastar clusters: {message}"]
+
+
+def test_a_bad_timeout_in_the_environment_is_one_sentence(monkeypatch):
+    from danastar.launch.clusters import environment_timeout
+
+    monkeypatch.setenv("DANASTAR_CLUSTER_TIMEOUT", "soon")
+    with pytest.raises(UserError, match=r"^DANASTAR_CLUSTER_TIMEOUT=soon must be a number of "
+                                        r"seconds greater than 0 \(default 15\); set it so, or "
+                                        r"unset it\.$"):
+        environment_timeout()
+    monkeypatch.setenv("DANASTAR_CLUSTER_TIMEOUT", "2.5")
+    assert environment_timeout() == 2.5

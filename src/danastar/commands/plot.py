@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -37,30 +38,31 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run directories, or directories searched for runs (default runs)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output file; written with .png and .pdf (default ./<kind>)")
-    parser.add_argument("--vs", default="adamw", metavar="OPTIMIZER",
+    parser.add_argument("--vs", default=None, metavar="OPTIMIZER",
                         help="scaling, within-size: the baseline of the multiplier (default "
                              "adamw)")
-    parser.add_argument("--fit", choices=("auto", "broken", "single", "none"), default="auto",
+    parser.add_argument("--fit", choices=("auto", "broken", "single", "none"), default=None,
                         help="scaling: the loss-vs-compute fit (default auto: broken power law "
                              "with 6+ sizes per optimizer, single with 3-5, none below)")
-    parser.add_argument("--x", choices=("compute", "tokens", "steps"), default="compute",
+    parser.add_argument("--x", choices=("compute", "tokens", "steps"), default=None,
                         help="curves: the x axis (default compute, in PFH)")
-    parser.add_argument("--best", action="store_true",
+    parser.add_argument("--best", action="store_true", default=None,
                         help="curves: only each optimizer's best-LR runs per size (as results "
                              "--best chooses them), other seeds as thin lines")
-    parser.add_argument("--top_k", type=int, default=5, help="lrlaw: LRs kept per size (5)")
-    parser.add_argument("--allow_unswept", action="store_true",
+    parser.add_argument("--top_k", type=int, default=None, help="lrlaw: LRs kept per size (5)")
+    parser.add_argument("--allow_unswept", action="store_true", default=None,
                         help="lrlaw: fit even through sizes with fewer than 3 LRs (the figure's "
                              "title says so); refused otherwise")
-    parser.add_argument("--omega", type=float, default=4.0,
+    parser.add_argument("--omega", type=float, default=None,
                         help="lrlaw: keep the runs at the ω closest to this (default 4)")
-    parser.add_argument("--bootstrap", type=int, default=1000,
+    parser.add_argument("--bootstrap", type=int, default=None,
                         help="lrlaw: bootstrap resamples of the sizes (default 1000)")
-    parser.add_argument("--seed", type=int, default=0, help="lrlaw: bootstrap seed (default 0)")
-    parser.add_argument("--b_from_paper", action="store_true",
+    parser.add_argument("--seed", type=int, default=None,
+                        help="lrlaw: bootstrap seed (default 0)")
+    parser.add_argument("--b_from_paper", action="store_true", default=None,
                         help="lrlaw: hold b at the paper's law's b and fit a and d only (for a "
                              "few nearby sizes, which cannot pin b down)")
-    parser.add_argument("--min_lrs", type=int, default=5,
+    parser.add_argument("--min_lrs", type=int, default=None,
                         help="lr-sensitivity: distinct LRs a parabola needs (default 5, >= 3)")
     parser.add_argument("--param", default=None, metavar="NAME",
                         help="tau: plot this parameter alone (a model.named_parameters() name) "
@@ -70,11 +72,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The options of some kinds only: flag -> (the kinds that read it, its default).
+KIND_OPTIONS = {
+    "vs": (("scaling", "within-size"), "adamw"), "fit": (("scaling",), "auto"),
+    "x": (("curves",), "compute"), "best": (("curves",), False),
+    "top_k": (("lrlaw",), 5), "allow_unswept": (("lrlaw",), False), "omega": (("lrlaw",), 4.0),
+    "bootstrap": (("lrlaw",), 1000), "seed": (("lrlaw",), 0), "b_from_paper": (("lrlaw",), False),
+    "min_lrs": (("lr-sensitivity",), 5), "param": (("tau",), None), "step": (("experts",), None),
+}
+# Each number's lowest value, and why.
+LOWEST = {"top_k": (1, "at least 1"), "bootstrap": (0, "at least 0"),
+          "min_lrs": (3, "at least 3 (a parabola has three coefficients)"),
+          "omega": (0, "a finite number >= 0 (the weight-decay strength the runs trained with)"),
+          "step": (0, "at least 0"), "seed": (0, "at least 0")}
+
+
+def check_options(args) -> None:
+    """Refuse an option the figure does not read (it would be ignored without a word) or a
+    number out of its range; then fill in the defaults."""
+    for name, (kinds, default) in KIND_OPTIONS.items():
+        value = getattr(args, name)
+        if value is None:
+            setattr(args, name, default)
+            continue
+        if args.kind not in kinds:
+            raise UserError(f"--{name} is read by plot {' and '.join(kinds)} only, not by plot "
+                            f"{args.kind}; remove it.")
+        if name in LOWEST and not (math.isfinite(value) and value >= LOWEST[name][0]):
+            raise UserError(f"--{name} {value:g} must be {LOWEST[name][1]}.")
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.top_k < 1 or args.bootstrap < 0 or args.min_lrs < 3:
-        raise UserError("--top_k must be at least 1, --bootstrap at least 0 and --min_lrs at "
-                        "least 3 (a parabola has three coefficients).")
+    check_options(args)
     out = args.out or Path(args.kind)
     for suffix in (".png", ".pdf"):
         durable.check_output(out.with_suffix(suffix), "--out")

@@ -32,6 +32,7 @@ each for its capacity (idle nodes from `sinfo -o '%R %F'`, free GPUs from GRES: 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import shlex
@@ -338,13 +339,27 @@ def query_capacity(profile: ClusterProfile, gpus: bool, timeout: float = QUERY_T
         return Capacity(profile.name, False, error=str(error))
 
 
+def environment_timeout() -> float:
+    """$DANASTAR_CLUSTER_TIMEOUT (seconds to wait for each cluster's answer), else the default."""
+    text = os.environ.get("DANASTAR_CLUSTER_TIMEOUT", "").strip()
+    if not text:
+        return QUERY_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UserError(f"DANASTAR_CLUSTER_TIMEOUT={text} must be a number of seconds greater "
+                        f"than 0 (default {QUERY_TIMEOUT_S:g}); set it so, or unset it.")
+    return value
+
+
 def choose_cluster(registry: Registry, nodes: int, gpus_per_node: int | None,
                    timeout: float | None = None) -> tuple[ClusterProfile, str]:
     """`--cluster auto`: the first enabled profile (priority order) with room for the request;
     else the registry's fallback (queue on the first enabled profile, or fail). A disabled
     profile is never chosen."""
-    timeout = float(os.environ.get("DANASTAR_CLUSTER_TIMEOUT", QUERY_TIMEOUT_S)) \
-        if timeout is None else timeout
+    timeout = environment_timeout() if timeout is None else timeout
     enabled = [p for p in registry.by_priority() if p.enabled]
     if not enabled:
         raise UserError(f"no enabled cluster in {registry.source}; enable one or add a profile.")
