@@ -254,3 +254,19 @@ def test_without_run_dir_a_job_goes_beside_a_run_with_other_settings(tmp_path, c
     assert cli.main(["submit", *TINY, "--iterations", "3", "--runs_root", str(root),
                      "--dry_run"]) == 0
     assert f"RUN_DIR={base}-it3\n" in capsys.readouterr().out
+
+
+@pytest.mark.process  # a stand-in sbatch
+def test_a_queued_job_is_not_listed_as_a_run_named_slurm(tmp_path, capsys, monkeypatch):
+    # Before: `danastar results` read <run_dir>/slurm/plan.json, the plan the job was checked
+    # against, as a run of its own named "slurm".
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho '123;here'\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert cli.main(["submit", *TINY, "--run_dir", str(tmp_path / "runs" / "r")]) == 0
+    assert (tmp_path / "runs" / "r" / "slurm" / "plan.json").is_file()
+    capsys.readouterr()
+    assert cli.main(["results", str(tmp_path / "runs")]) == 2
+    assert "no run directories (with a plan.json) under" in capsys.readouterr().err

@@ -20,7 +20,14 @@ import yaml
 from danastar.analysis import compute
 from danastar.errors import UserError
 from danastar.rundir import metrics as metrics_file
-from danastar.rundir.files import CONFIG_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE, STATUS_FILE
+from danastar.rundir.files import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    PLAN_FILE,
+    RUN_FILE,
+    STATUS_FILE,
+    TRAINED_FILES,
+)
 
 COMPLETE = "complete"
 PARTIAL = "partial"
@@ -372,6 +379,11 @@ def _moved_aside(run_dir: Path, root: Path) -> bool:
     return False
 
 
+def _is_submission(folder: Path) -> bool:
+    """`<run_dir>/slurm/`: the plan `danastar submit` checked a queued job against, not a run."""
+    return folder.name == "slurm" and not any((folder / name).exists() for name in TRAINED_FILES)
+
+
 def _default_note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -385,7 +397,7 @@ def _run_dirs_in(path: Path) -> tuple[list[Path], int]:
         return [path], 0
     found, aside = [], 0
     for plan in sorted(path.rglob(PLAN_FILE)):
-        if "checkpoints" in plan.parent.relative_to(path).parts:
+        if "checkpoints" in plan.parent.relative_to(path).parts or _is_submission(plan.parent):
             continue
         if _moved_aside(plan.parent, path):
             aside += 1
