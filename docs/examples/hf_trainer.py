@@ -1,4 +1,4 @@
-"""ADana in the Hugging Face Trainer: the recipe of docs/porting.md, run end to end.
+"""Dana-MK4 in the Hugging Face Trainer: the recipe of docs/porting.md, run end to end.
 
     pip install 'danastar[integrations]'
     python docs/examples/hf_trainer.py
@@ -44,7 +44,7 @@ def training_arguments(output_dir: str, steps: int = 40, **overrides) -> Trainin
     settings = dict(
         max_steps=steps,                      # (1) T, from which the weight decay follows
         learning_rate=3e-3,                   # the peak LR: see docs/porting.md for AdamW's
-        weight_decay=0.0,                     # (2) not AdamW's decay: ADana's comes from omega
+        weight_decay=0.0,                     # (2) not AdamW's decay: Dana's comes from omega
         lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
         warmup_steps=max(1, steps // 50),
         per_device_train_batch_size=8, logging_steps=10, save_strategy="no", report_to=[],
@@ -57,8 +57,8 @@ def main(output_dir: str = "hf_trainer_example", steps: int = 40) -> Trainer:
     args = training_arguments(output_dir, steps)
     trainer = Trainer(
         model, args, train_dataset=CountingSequences(),
-        # (3) ADana over danastar's parameter groups, with wd_ts = T // 10 and omega = 4
-        optimizer_cls_and_kwargs=optimizer_cls_and_kwargs(model, args, "adana", omega=4.0))
+        # (3) Dana-MK4 over danastar's parameter groups, with wd_ts = T // 10 and omega = 4
+        optimizer_cls_and_kwargs=optimizer_cls_and_kwargs(model, args, "dana-mk4", omega=4.0))
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f} in {trainer.state.global_step} steps")

@@ -1,4 +1,5 @@
-"""ADana in a Lightning `LightningModule`: the recipe of docs/porting.md, run end to end.
+"""Dana-MK4 (ADana with clipsnr=2.0) in a Lightning `LightningModule`: the recipe of
+docs/porting.md, run end to end.
 
     pip install 'danastar[integrations]'
     python docs/examples/lightning_trainer.py
@@ -57,7 +58,7 @@ class CountingModule(L.LightningModule):
 
     def configure_optimizers(self):
         total_steps = int(self.trainer.estimated_stepping_batches)
-        optimizer = ADana(param_groups(self.model), lr=self.lr, omega=self.omega,
+        optimizer = ADana(param_groups(self.model), lr=self.lr, clipsnr=2.0, omega=self.omega,
                           total_steps=total_steps)
         schedule = get_schedule("cos_inf", warmup_steps=max(1, total_steps // 50),
                                 total_steps=total_steps)

@@ -1,4 +1,5 @@
-"""ADana in a plain PyTorch training loop, with an exact resume: the recipe of docs/porting.md.
+"""Dana-MK4 (ADana with clipsnr=2.0) in a plain PyTorch training loop, with an exact resume:
+the recipe of docs/porting.md.
 
     pip install danastar
     python docs/examples/plain_loop.py
@@ -58,7 +59,8 @@ def train(total_steps: int = 60, checkpoint: Path | None = None,
     model = TinyLM()
     # The paper's weight decay for a run of T steps: wd_ts = T // 10, weight_decay = 4 / wd_ts,
     # on the matrices only; the LR is the peak, which the schedule scales.
-    optimizer = ADana(param_groups(model), lr=lr, omega=4.0, total_steps=total_steps)
+    optimizer = ADana(param_groups(model), lr=lr, clipsnr=2.0, omega=4.0,
+                      total_steps=total_steps)
     schedule = get_schedule("cos_inf", warmup_steps=max(1, total_steps // 50),
                             total_steps=total_steps)
     start = 0
