@@ -20,6 +20,7 @@ except ModuleNotFoundError as error:
         "pip install 'danastar[jax]'", name=error.name) from None
 
 from .alias import adana, dana_mk4, dana_star, dana_star_mk4
+from .masks import decay_mask
 from .transforms import (
     CONVENTIONS,
     ScaleByAdanaState,
@@ -37,4 +38,5 @@ __all__ = [
     "adana", "dana_mk4", "dana_star", "dana_star_mk4", "OPTIMIZERS", "CONVENTIONS",
     "scale_by_adana", "scale_by_dana_star", "ScaleByAdanaState", "ScaleByDanaStarState",
     "log_time_weight_decay", "LogTimeWeightDecayState", "paper_weight_decay",
+    "decay_mask",
 ]
