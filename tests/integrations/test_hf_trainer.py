@@ -3,6 +3,8 @@ the tiny Llama of docs/examples/hf_trainer.py (built from a config, no hub): the
 the weight decay follows from the Trainer's T, the LR each step is the Trainer's schedule's, a
 resumed run continues bit for bit, and AdamW's weight decay is refused."""
 
+import warnings
+
 import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -14,7 +16,7 @@ from danastar.integrations.hf import (  # noqa: E402
     DanastarTrainer,
     optimizer_cls_and_kwargs,
 )
-from danastar.optim import ADana, DanaStar  # noqa: E402
+from danastar.optim import ADana, DanaStar, ShortRunWeightDecayWarning  # noqa: E402
 from danastar.optim.base import schedule_factor  # noqa: E402
 
 
@@ -136,3 +138,27 @@ def test_an_unknown_run_length_or_optimizer_is_refused(hf, tmp_path):
         optimizer_cls_and_kwargs(model, epochs, "adana")
     with pytest.raises(ValueError, match="'adamw' is not one of danastar's optimizers"):
         optimizer_cls_and_kwargs(model, hf.training_arguments(str(tmp_path)), "adamw")
+
+
+def test_a_run_too_short_for_the_papers_decay_is_warned_of_in_the_trainers_words(hf, tmp_path):
+    """A 4-step run took weight_decay 4.0 over wd_ts 1, whose first factors were 1 - 4/2 = -1:
+    the factor is clamped now, and the helper says the run is too short, naming the fix."""
+    model = hf.tiny_llama()
+    args = hf.training_arguments(str(tmp_path), steps=4)
+    with pytest.warns(ShortRunWeightDecayWarning) as caught:
+        cls, kwargs = optimizer_cls_and_kwargs(model, args, "adana")
+    assert len(caught) == 1 and caught[0].filename == __file__
+    message = str(caught[0].message)
+    assert "omega 4 over wd_ts = 1 step: weight_decay 4" in message
+    assert "TrainingArguments max_steps" in message and "omega=0 (no decay)" in message
+    # no word where the run is long enough, or where the decay is off
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ShortRunWeightDecayWarning)
+        optimizer_cls_and_kwargs(model, hf.training_arguments(str(tmp_path), steps=1000),
+                                 "adana")
+        optimizer_cls_and_kwargs(model, args, "adana", omega=0.0)
+    # DanastarTrainer says it once, when it builds the optimizer
+    trainer = DanastarTrainer(model, args, train_dataset=hf.CountingSequences(count=32))
+    with pytest.warns(ShortRunWeightDecayWarning) as caught:
+        trainer.create_optimizer_and_scheduler(4)
+    assert len(caught) == 1 and "TrainingArguments max_steps" in str(caught[0].message)

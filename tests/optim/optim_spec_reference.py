@@ -12,9 +12,12 @@ import numpy as np
 
 
 def decay(p, weight_decay, s, k, wd_ts):
+    """The independent decay's multiplication; the factor never leaves [0, 1]."""
     if wd_ts is None:
-        return p * (1 - weight_decay * s)
-    return p * (1 - weight_decay * s / (1 + k / wd_ts))
+        factor = 1 - weight_decay * s
+    else:
+        factor = 1 - weight_decay * s / (1 + k / wd_ts)
+    return p * min(max(factor, 0.0), 1.0)
 
 
 def dana_step(p, g, state, k, lr, s, *, star, delta=8.0, kappa=0.85, clipsnr=None,

@@ -16,11 +16,14 @@ Either way the parameters that `danastar.optim.param_groups` picks decay (not em
 or biases), the peak LR is ``args.learning_rate`` and the schedule is the Trainer's
 (``lr_scheduler_type``, ``warmup_steps``): the optimizer reads its schedule factor as the current
 LR over the peak. The Trainer's checkpoints save and restore the optimizer's state as they do
-AdamW's. An AdamW-style ``TrainingArguments(weight_decay=...)`` is refused.
+AdamW's. An AdamW-style ``TrainingArguments(weight_decay=...)`` is refused. A run too short for
+the paper's decay (a few hundred steps or fewer at ω = 4) is warned of, naming the fix
+(danastar.optim.ShortRunWeightDecayWarning).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from danastar.extras import MissingExtra
@@ -38,10 +41,18 @@ from torch import nn
 
 from danastar.optim import param_groups
 from danastar.optim.registry import OPTIMIZERS
-from danastar.optim.weight_decay import PAPER_OMEGA
+from danastar.optim.weight_decay import (
+    PAPER_OMEGA,
+    ShortRunWeightDecayWarning,
+    log_time_weight_decay,
+    warn_short_run,
+)
 
 # danastar's optimizers with the log-time weight decay whose other settings do not depend on T.
 SUPPORTED = ("adana", "dana-mk4", "dana-star", "dana-star-mk4", "adamw-decaying-wd")
+# What a Trainer's user changes when the run is too short for its log-time weight decay.
+SHORT_RUN_FIX = ("more steps (TrainingArguments max_steps, or more epochs), a smaller omega "
+                 "(omega=... here), or omega=0 (no decay) for a smoke test")
 
 
 def check_trainer_arguments(args: transformers.TrainingArguments, name: str) -> None:
@@ -75,6 +86,12 @@ def trainer_optimizer(model: nn.Module, args: transformers.TrainingArguments, na
                               "lr": args.learning_rate}
     if "weight_decay" not in hparams and "wd_ts" not in hparams:
         kwargs.update(omega=omega, total_steps=total_steps)
+        # a bad omega is the constructor's to refuse
+        weight_decay, wd_ts = log_time_weight_decay(omega, total_steps) \
+            if isinstance(omega, int | float) and omega > 0 else (0.0, None)
+    else:
+        weight_decay, wd_ts = hparams.get("weight_decay", 0.0), hparams.get("wd_ts")
+    warn_short_run([{"weight_decay": weight_decay, "wd_ts": wd_ts}], SHORT_RUN_FIX)
     kwargs.update(hparams)
     return registered.constructor, kwargs
 
@@ -118,7 +135,9 @@ class DanastarTrainer(transformers.Trainer):
             cls, kwargs = trainer_optimizer(self.model if model is None else model, self.args,
                                             self.optimizer_name, total_steps, self.omega,
                                             **self.optimizer_hparams)
-            self.optimizer = cls(kwargs.pop("params"), **kwargs)
+            with warnings.catch_warnings():  # said above, in the Trainer's words
+                warnings.simplefilter("ignore", ShortRunWeightDecayWarning)
+                self.optimizer = cls(kwargs.pop("params"), **kwargs)
         return self.optimizer
 
 

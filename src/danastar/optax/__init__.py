@@ -19,6 +19,8 @@ except ModuleNotFoundError as error:
         f"danastar.optax needs the 'jax' extra ({error.name} is missing): "
         "pip install 'danastar[jax]'", name=error.name) from None
 
+from danastar.hparams import ShortRunWeightDecayWarning
+
 from .alias import adana, dana_mk4, dana_star, dana_star_mk4
 from .masks import decay_mask
 from .transforms import (
@@ -38,5 +40,6 @@ __all__ = [
     "adana", "dana_mk4", "dana_star", "dana_star_mk4", "OPTIMIZERS", "CONVENTIONS",
     "scale_by_adana", "scale_by_dana_star", "ScaleByAdanaState", "ScaleByDanaStarState",
     "log_time_weight_decay", "LogTimeWeightDecayState", "paper_weight_decay",
+    "ShortRunWeightDecayWarning",
     "decay_mask",
 ]

@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import optax
 
+from danastar.hparams import check_lr
+
 from .transforms import (
     DEFAULT_CLIPSNR,
     DEFAULT_DELTA,
@@ -47,6 +49,8 @@ def learning_rate_schedule(learning_rate, schedule):
 def dana_chain(direction, learning_rate, schedule, weight_decay, wd_ts, omega, total_steps,
                mask, convention) -> optax.GradientTransformationExtraArgs:
     """The direction, the learning rate and the weight decay of one of the four aliases."""
+    if not callable(learning_rate):  # a schedule's values are its own
+        check_lr(learning_rate)
     lr = learning_rate_schedule(learning_rate, schedule)
     if convention == "release":
         check(wd_ts is None and omega is None and total_steps is None,

@@ -31,11 +31,23 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from danastar.hparams import (
+    DEFAULT_CLIPSNR,
+    DEFAULT_DELTA,
+    DEFAULT_KAPPA,
+    check,
+    check_dana,
+    check_parameter_dtype,
+    is_array,
+    is_number,
+    state_dtype_name,
+)
+
 CONVENTIONS = ("danastar", "release")
 
-DEFAULT_DELTA = 8.0  # delta of the EMA coefficient a_k = delta / (delta + k)
-DEFAULT_KAPPA = 0.85  # kappa of the Nesterov factor (1 + k)^(1 - kappa)
-DEFAULT_CLIPSNR = 2.0  # the SNR clip of the *-mk4 variants
+__all__ = ["CONVENTIONS", "DEFAULT_CLIPSNR", "DEFAULT_DELTA", "DEFAULT_KAPPA",
+           "ScaleByAdanaState", "ScaleByDanaStarState", "check", "is_python_number",
+           "scale_by_adana", "scale_by_dana_star", "wide"]
 
 
 class ScaleByAdanaState(NamedTuple):
@@ -58,26 +70,52 @@ class ScaleByDanaStarState(NamedTuple):
 
 def is_python_number(value) -> bool:
     """A value fixed when the transformation is built (not an array `inject_hyperparams` made)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
+    return is_number(value) and not is_array(value)
 
 
 def check_hyperparameters(delta, kappa, clipsnr, eps, convention) -> None:
-    """The checks of danastar.optim, on the values known when the transformation is built."""
+    """The checks of danastar.optim (module danastar.hparams, the same sentences), on the
+    values known when the transformation is built (an array from `optax.inject_hyperparams` is
+    taken as it is)."""
     check(convention in CONVENTIONS,
           f"convention must be one of {CONVENTIONS}, got {convention!r}")
-    if is_python_number(delta):
-        check(delta > 0, f"delta must be > 0 (default {DEFAULT_DELTA:g}), got {delta}")
-    if is_python_number(kappa):
-        check(0 < kappa <= 1, f"kappa must be in (0, 1] (default {DEFAULT_KAPPA}), got {kappa}")
-    if is_python_number(clipsnr):
-        check(clipsnr > 0, f"clipsnr must be None or > 0, got {clipsnr}")
-    if is_python_number(eps):
-        check(eps >= 0, f"eps must be >= 0, got {eps}")
+    check_dana(delta, kappa, clipsnr, eps)
+
+
+def resolve_state_dtype(state_dtype):
+    """``state_dtype`` as danastar.optim takes it: None or float32 (each parameter's dtype, at
+    least float32), or bfloat16; a dtype or its name. Anything else is refused as torch refuses
+    it."""
+    if state_dtype is None:
+        return None
+    name = state_dtype if isinstance(state_dtype, str) else None
+    if name is None:
+        try:
+            name = jnp.dtype(state_dtype).name
+        except (TypeError, ValueError):  # not a dtype at all
+            name = None
+    return None if state_dtype_name(name, state_dtype) == "float32" else jnp.bfloat16
+
+
+def leaf_kind(leaf) -> str:
+    """"floating", "complex" or "other" (integer, boolean), as danastar.hparams checks it."""
+    if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
+        return "complex"
+    return "floating" if jnp.issubdtype(leaf.dtype, jnp.floating) else "other"
+
+
+def check_leaves(params) -> None:
+    """Refuse a parameter tree whose leaves the update would get wrong: one that is not an
+    array, a complex one, an integer or boolean one (the sentences of danastar.optim)."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        if not is_array(leaf):
+            raise ValueError(
+                f"the parameter leaf at {jax.tree_util.keystr(path) or 'the root'} is a "
+                f"{type(leaf).__name__}, not an array: danastar.optax updates arrays only; "
+                "convert it with jnp.asarray, or keep it out of the tree the optimizer sees")
+        kind = leaf_kind(leaf)
+        if kind != "floating":
+            check_parameter_dtype(jnp.dtype(leaf.dtype).name, leaf.shape, kind)
 
 
 def wide(value) -> jax.Array:
@@ -106,15 +144,18 @@ def in_dtype(value, dtype) -> jax.Array:
 
 
 def state_dtypes(params, state_dtype):
-    """Each leaf's state dtype: ``state_dtype`` if given, else the leaf's dtype promoted to at
-    least float32 (bfloat16 parameters get float32 moments, as in danastar.optim)."""
+    """Each leaf's state dtype: bfloat16 if ``state_dtype`` (resolved: `resolve_state_dtype`)
+    asks for it, else the leaf's dtype promoted to at least float32 (bfloat16 parameters get
+    float32 moments, float64 ones float64, as in danastar.optim)."""
     if state_dtype is not None:
-        return jax.tree.map(lambda _: jnp.dtype(state_dtype), params)
+        return jax.tree.map(lambda _: jnp.dtype(state_dtype), params)  # bfloat16
     return jax.tree.map(lambda p: jnp.promote_types(p.dtype, jnp.float32), params)
 
 
 def zeros_like(params, state_dtype):
-    """Zero state like ``params`` (zeros_like keeps each leaf's sharding under jit)."""
+    """Zero state like ``params`` (zeros_like keeps each leaf's sharding under jit), once the
+    leaves are checked (`check_leaves`)."""
+    check_leaves(params)
     return jax.tree.map(lambda p, dtype: jnp.zeros_like(p, dtype=dtype), params,
                         state_dtypes(params, state_dtype))
 
@@ -143,7 +184,8 @@ def scale_by_adana(delta: float = DEFAULT_DELTA, kappa: float = DEFAULT_KAPPA,
       kappa: kappa in (0, 1] of the Nesterov factor alpha(k) = (1 + k)^(1 - kappa).
       clipsnr: Dana-MK4's clip of the damping A = alpha(k) |m| / D at this value; None: no clip.
       eps: added to sqrt(v) in the denominator D.
-      state_dtype: dtype of m and v; None: each parameter's dtype, at least float32.
+      state_dtype: None or float32: m and v in each parameter's dtype, at least float32;
+        bfloat16: in bfloat16 (a dtype or its name; others are refused, as in danastar.optim).
       momentum_scale: the momentum terms' weight relative to the gradient term (the release's
         ``g3 / g2``); 1 in danastar.optim and the paper's language-model runs.
       convention: ``"danastar"`` (the step of the torch optimizers) or ``"release"`` (the
@@ -153,6 +195,7 @@ def scale_by_adana(delta: float = DEFAULT_DELTA, kappa: float = DEFAULT_KAPPA,
       A :class:`optax.GradientTransformation` whose state is a `ScaleByAdanaState`.
     """
     check_hyperparameters(delta, kappa, clipsnr, eps, convention)
+    state_dtype = resolve_state_dtype(state_dtype)
 
     def init_fn(params):
         zeros = zeros_like(params, state_dtype)
@@ -197,7 +240,8 @@ def scale_by_dana_star(delta: float = DEFAULT_DELTA, kappa: float = DEFAULT_KAPP
         max(tau k, 1).
       clipsnr: Dana-Star-MK4's clip of the damping A at this value; None: no clip.
       eps: added to sqrt(v) in the denominator D.
-      state_dtype: dtype of m, v and tau; None: each parameter's dtype, at least float32.
+      state_dtype: None or float32: m, v and tau in each parameter's dtype, at least float32;
+        bfloat16: in bfloat16 (a dtype or its name; others are refused, as in danastar.optim).
       momentum_scale: the momentum terms' weight relative to the gradient term (the release's
         ``g3 / g2``); 1 in danastar.optim and the paper's language-model runs.
       convention: ``"danastar"`` (the step of the torch optimizers) or ``"release"`` (the
@@ -207,6 +251,7 @@ def scale_by_dana_star(delta: float = DEFAULT_DELTA, kappa: float = DEFAULT_KAPP
       A :class:`optax.GradientTransformation` whose state is a `ScaleByDanaStarState`.
     """
     check_hyperparameters(delta, kappa, clipsnr, eps, convention)
+    state_dtype = resolve_state_dtype(state_dtype)
 
     def init_fn(params):
         zeros = zeros_like(params, state_dtype)

@@ -4,11 +4,13 @@ At step k the decay multiplies each parameter, after the learning-rate step, by
 
     1 - weight_decay * s_t / (1 + k / wd_ts)        (1 - weight_decay * s_t without wd_ts)
 
+clamped to [0, 1] (danastar.hparams.decay_multiplier, the formula danastar.optim uses too),
 where s_t is the schedule factor (current LR / peak LR): scaled by the schedule, **not** by the
 learning rate, unlike AdamW's coupled ``p <- p - lr * weight_decay * p`` (optax's
 ``add_decayed_weights``). The paper's form is ``omega`` and the run's length T:
 ``wd_ts = T // 10`` and ``weight_decay = omega / wd_ts``, so the per-step decay is about
-omega / t late in the run.
+omega / t late in the run; a run too short for its decay (more than half of a weight gone in
+its first 5 steps) is warned of (danastar.hparams.ShortRunWeightDecayWarning).
 
 Placed after ``scale_by_learning_rate`` in a chain, it turns the step ``u`` into
 ``c u - (1 - c) p`` (c the multiplier above), so that ``optax.apply_updates`` gives
@@ -24,16 +26,27 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from danastar.hparams import (
+    EARLY_STEPS,
+    FIX_EXPLICIT_FORM,
+    FIX_PAPER_FORM,
+    MAX_EARLY_DECAY,
+    WD_TS_DIVISOR,
+    check_non_negative,
+    check_paper_form,
+    check_positive_or_none,
+    decay_multiplier,
+    largest_constant_weight_decay,
+    paper_weight_decay,
+    warn_short_run,
+)
+
 from .transforms import check, is_python_number, wide
 
-WD_TS_DIVISOR = 10  # the paper's time scale of the decay: wd_ts = T // 10
-
-# A constant decay (no wd_ts) may remove at most this fraction of a weight over its first
-# EARLY_STEPS steps at the schedule's peak: the bound of danastar.optim (see its weight_decay
-# module for why), under which every AdamW recipe's lr * weight_decay stays, while AdamW's
-# habitual weight_decay=0.1 typed here would remove 99.997% of every weight in 100 steps.
-MAX_EARLY_DECAY = 0.05
-EARLY_STEPS = 100
+# The numbers and the multiplier of the decay are danastar.hparams', shared with danastar.optim.
+__all__ = ["EARLY_STEPS", "MAX_EARLY_DECAY", "WD_TS_DIVISOR", "LogTimeWeightDecayState",
+           "largest_constant_weight_decay", "log_time_weight_decay", "paper_weight_decay",
+           "resolve_weight_decay"]
 
 
 class LogTimeWeightDecayState(NamedTuple):
@@ -42,23 +55,11 @@ class LogTimeWeightDecayState(NamedTuple):
     count: jax.Array
 
 
-def paper_weight_decay(omega: float, total_steps: int) -> tuple[float, int]:
-    """The paper's weight decay for a run of ``total_steps`` optimizer steps, as
-    ``(weight_decay, wd_ts)``: ``wd_ts = T // 10`` (at least 1) and ``weight_decay = omega /
-    wd_ts``."""
-    wd_ts = max(1, total_steps // WD_TS_DIVISOR)
-    return omega / wd_ts, wd_ts
-
-
-def largest_constant_weight_decay() -> float:
-    """The largest constant weight decay (no ``wd_ts``) accepted: (1 - x)^100 = 0.95."""
-    return 1 - (1 - MAX_EARLY_DECAY) ** (1 / EARLY_STEPS)
-
-
 def resolve_weight_decay(weight_decay, wd_ts, omega, total_steps):
     """``(weight_decay, wd_ts)`` from the explicit form or the paper's (omega, total_steps),
     checked as danastar.optim checks them (values that are arrays, from
-    ``optax.inject_hyperparams``, are taken as they are)."""
+    ``optax.inject_hyperparams``, are taken as they are); warns
+    (danastar.hparams.ShortRunWeightDecayWarning) when the run is too short for the decay."""
     if omega is not None or total_steps is not None:
         check(omega is not None and total_steps is not None,
               "give the paper's weight decay as both omega and total_steps (e.g. omega=4.0, "
@@ -66,26 +67,25 @@ def resolve_weight_decay(weight_decay, wd_ts, omega, total_steps):
         check(not (is_python_number(weight_decay) and weight_decay != 0) and wd_ts is None,
               "give the weight decay either as omega and total_steps or as weight_decay and "
               "wd_ts, not both")
+        check_paper_form(omega, total_steps)
         if is_python_number(omega) and is_python_number(total_steps):
-            check(omega >= 0, f"omega must be >= 0 (the paper uses 4.0), got {omega}")
-            check(total_steps >= 1 and int(total_steps) == total_steps,
-                  f"total_steps must be a whole number of optimizer steps >= 1, got "
-                  f"{total_steps}")
-            return paper_weight_decay(omega, int(total_steps))
+            weight_decay, wd_ts = paper_weight_decay(omega, int(total_steps))
+            warn_short_run([{"weight_decay": weight_decay, "wd_ts": wd_ts}], FIX_PAPER_FORM)
+            return weight_decay, wd_ts
         wd_ts = jnp.maximum(1, jnp.asarray(total_steps) // WD_TS_DIVISOR)
         return omega / wd_ts, wd_ts
-    if is_python_number(weight_decay):
-        check(weight_decay >= 0, f"weight_decay must be >= 0, got {weight_decay}")
-        if wd_ts is None and weight_decay > largest_constant_weight_decay():
-            raise ValueError(
-                f"weight_decay={weight_decay:g} with wd_ts=None multiplies every weight by "
-                f"1 - {weight_decay:g} * s_t at every step, not scaled by the learning rate as "
-                f"AdamW's is, and would remove more than {MAX_EARLY_DECAY:.0%} of it in "
-                f"{EARLY_STEPS} steps; use the paper's form (omega=4.0, total_steps=T), give "
-                f"the decay a time scale (wd_ts=T // {WD_TS_DIVISOR}), or keep a constant "
-                f"weight_decay at most {largest_constant_weight_decay():.1e}")
-    if is_python_number(wd_ts):
-        check(wd_ts > 0, f"wd_ts must be None or > 0, got {wd_ts}")
+    check_non_negative(weight_decay=weight_decay)
+    check_positive_or_none(wd_ts=wd_ts)
+    if is_python_number(weight_decay) and wd_ts is None \
+            and weight_decay > largest_constant_weight_decay():
+        raise ValueError(
+            f"weight_decay={weight_decay:g} with wd_ts=None multiplies every weight by "
+            f"1 - {weight_decay:g} * s_t at every step, not scaled by the learning rate as "
+            f"AdamW's is, and would remove more than {MAX_EARLY_DECAY:.0%} of it in "
+            f"{EARLY_STEPS} steps; use the paper's form (omega=4.0, total_steps=T), give "
+            f"the decay a time scale (wd_ts=T // {WD_TS_DIVISOR}), or keep a constant "
+            f"weight_decay at most {largest_constant_weight_decay():.1e}")
+    warn_short_run([{"weight_decay": weight_decay, "wd_ts": wd_ts}], FIX_EXPLICIT_FORM)
     return weight_decay, wd_ts
 
 
@@ -132,13 +132,14 @@ def log_time_weight_decay(weight_decay: float = 0.0, wd_ts: float | None = None,
         if params is None:
             raise ValueError("log_time_weight_decay needs the parameters: call update(grads, "
                              "state, params)")
-        factor = wide(weight_decay) * schedule_value(schedule, state.count)
-        if wd_ts is not None:
-            factor = factor / (1 + wide(state.count + 1) / wide(wd_ts))
+        step = wide(state.count + 1)
+        multiplier = decay_multiplier(wide(weight_decay), schedule_value(schedule, state.count),
+                                      step, None if wd_ts is None else wide(wd_ts))
+        removed = 1 - multiplier
 
         def leaf(update, param):
             dtype = update.dtype
-            return (1 - factor).astype(dtype) * update - factor.astype(dtype) * param
+            return multiplier.astype(dtype) * update - removed.astype(dtype) * param
 
         updates = jax.tree.map(leaf, updates, params)
         return updates, LogTimeWeightDecayState(optax.safe_int32_increment(state.count))

@@ -12,9 +12,10 @@ from .dana_star import DanaStar
 from .muon import MuonWithAdamW
 from .registry import OPTIMIZERS, build_optimizer
 from .schedules import apply_schedule, get_schedule
-from .weight_decay import log_time_weight_decay, param_groups
+from .weight_decay import ShortRunWeightDecayWarning, log_time_weight_decay, param_groups
 
 __all__ = [
     "ADana", "DanaStar", "AdamW", "AdamWDecayingWD", "AdEMAMix", "MuonWithAdamW", "OPTIMIZERS",
     "build_optimizer", "get_schedule", "apply_schedule", "param_groups", "log_time_weight_decay",
+    "ShortRunWeightDecayWarning",
 ]

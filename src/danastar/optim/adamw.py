@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import torch
 
-from .base import (
-    DEFAULT_LR,
-    PerTensorOptimizer,
-    check,
-    check_betas,
-    check_non_negative,
-    check_positive_or_none,
-    decay_multiplier,
-)
+from danastar.hparams import check, check_betas, check_non_negative, check_positive_or_none
+
+from .base import DEFAULT_LR, PerTensorOptimizer, decay_multiplier
 from .paths import working_copy, write_back
 from .scalar_math import divide, sqrt
-from .weight_decay import check_constant_decay, paper_call, resolve_weight_decay
+from .weight_decay import (
+    check_constant_decay,
+    paper_call,
+    resolve_weight_decay,
+    warn_if_too_short,
+)
 
 
 def adamw_decaying_wd_scalars(k, lr, schedule_factor, *, betas, weight_decay, wd_ts):
@@ -83,6 +82,7 @@ class AdamWDecayingWD(PerTensorOptimizer):
                         wd_ts=wd_ts)
         super().__init__(params, defaults, impl, state_dtype, stochastic_rounding,
                          flat, capturable)
+        warn_if_too_short(self.param_groups, omega is not None)
 
     def check_param_group(self, group: dict) -> None:
         owner = type(self).__name__

@@ -12,18 +12,17 @@ import math
 
 import torch
 
-from .base import (
-    DEFAULT_LR,
-    PerTensorOptimizer,
-    check,
-    check_betas,
-    check_non_negative,
-    check_positive_or_none,
-    decay_multiplier,
-)
+from danastar.hparams import check, check_betas, check_non_negative, check_positive_or_none
+
+from .base import DEFAULT_LR, PerTensorOptimizer, decay_multiplier
 from .paths import working_copy, write_back
 from .scalar_math import divide, minimum, sqrt
-from .weight_decay import check_constant_decay, paper_call, resolve_weight_decay
+from .weight_decay import (
+    check_constant_decay,
+    paper_call,
+    resolve_weight_decay,
+    warn_if_too_short,
+)
 
 
 def half_life(beta: float) -> float:
@@ -126,6 +125,8 @@ class AdEMAMix(PerTensorOptimizer):
                         wd_ts=wd_ts, decaying_wd=bool(decaying_wd))
         super().__init__(params, defaults, impl, state_dtype, stochastic_rounding,
                          flat, capturable)
+        warn_if_too_short([g for g in self.param_groups if g["decaying_wd"]],
+                          omega is not None)
 
     def check_param_group(self, group: dict) -> None:
         if group["decaying_wd"]:  # the coupled decay is AdamW's, scaled by the LR

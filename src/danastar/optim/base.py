@@ -37,6 +37,9 @@ from itertools import chain
 
 import torch
 
+from danastar import hparams
+from danastar.hparams import check
+
 from .dtensors import is_dtensor
 from .flat import FlatLayout, build_layout
 from .paths import (
@@ -53,6 +56,7 @@ from .paths import (
 )
 from .rounding import seed_from_torch, shard_layout, tensor_salt
 from .scalar_math import divide
+from .state_origin import foreign_state_refusal
 
 IMPLS = ("reference", "foreach", "compiled")
 # The dtypes the state (m, v, tau ...) may be kept in: float32 (widened to the parameter's dtype
@@ -72,23 +76,29 @@ def buffer_dtype(param: torch.Tensor, group_state_dtype: torch.dtype) -> torch.d
 
 
 def resolve_state_dtype(value) -> torch.dtype:
-    """``state_dtype`` as a torch dtype; a name ("bfloat16") is accepted too."""
-    name = value if isinstance(value, str) else str(value).removeprefix("torch.")
-    if name not in STATE_DTYPES:
-        raise ValueError(f"state_dtype must be one of torch.float32, torch.bfloat16 (or their "
-                         f"names), got {value!r}")
-    return STATE_DTYPES[name]
+    """``state_dtype`` as a torch dtype; a name ("bfloat16") is accepted too (module hparams
+    refuses the rest, in the sentence danastar.optax uses)."""
+    name = value if isinstance(value, str) else str(value).removeprefix("torch.") \
+        if isinstance(value, torch.dtype) else None
+    return STATE_DTYPES[hparams.state_dtype_name(name, value)]
 
 
 def decay_multiplier(weight_decay, schedule_factor, k, wd_ts):
-    """Independent, decaying weight decay: the factor that multiplies the parameter.
+    """Independent, decaying weight decay: the factor that multiplies the parameter, in [0, 1]
+    (`danastar.hparams.decay_multiplier`, its one formula), with the capturable path's
+    divisions rounded once (module scalar_math)."""
+    return hparams.decay_multiplier(weight_decay, schedule_factor, k, wd_ts, divide)
 
-    Scaled by the schedule factor s_t but not by the peak LR; with ``wd_ts`` it also decays as
-    1 / (1 + k / wd_ts), the paper's omega / t with an offset that keeps it finite early.
-    """
-    if wd_ts is None:
-        return 1 - weight_decay * schedule_factor
-    return 1 - divide(weight_decay * schedule_factor, 1 + k / wd_ts)
+
+def check_parameters(params) -> None:
+    """Refuse a parameter the update would get wrong: a complex one (its moments would mix real
+    and imaginary parts) or an integer or boolean one (its update truncated)."""
+    for param in params:
+        kind = "complex" if param.is_complex() else "floating" if param.is_floating_point() \
+            else "other"
+        if kind != "floating":
+            hparams.check_parameter_dtype(str(param.dtype).removeprefix("torch."),
+                                          param.shape, kind)
 
 
 def schedule_factor(group: dict) -> float:
@@ -143,12 +153,6 @@ def check_flat_group(owner: str, group: dict) -> None:
                          "drop flat=True, or state_dtype/stochastic_rounding, for this group")
 
 
-def check(condition: bool, message: str) -> None:
-    """Raise ValueError for an invalid hyperparameter."""
-    if not condition:
-        raise ValueError(message)
-
-
 # The default peak LR of every optimizer here, as torch.optim's Adam and AdamW have one: a model
 # built from param groups that each carry their own lr needs no other.
 DEFAULT_LR = 1e-3
@@ -156,23 +160,10 @@ DEFAULT_LR = 1e-3
 
 def check_lr(lr: float | torch.Tensor) -> None:
     """A learning rate as torch.optim checks it: a 1-element tensor or a number, at least 0."""
-    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-        raise ValueError("Tensor lr must be 1-element")
-    check(lr >= 0, f"lr must be >= 0, got {lr}")
-
-
-def check_non_negative(**values: float) -> None:
-    for name, value in values.items():
-        check(value >= 0, f"{name} must be >= 0, got {value}")
-
-
-def check_positive_or_none(**values: float | None) -> None:
-    for name, value in values.items():
-        check(value is None or value > 0, f"{name} must be None or > 0, got {value}")
-
-
-def check_betas(betas) -> None:
-    check(all(0 <= beta < 1 for beta in betas), f"betas must each be in [0, 1), got {betas}")
+    if isinstance(lr, torch.Tensor):
+        check(lr.numel() == 1, "Tensor lr must be 1-element")
+        lr = lr.item() if lr.device.type != "meta" else 0.0
+    hparams.check_lr(lr)
 
 
 class PerTensorOptimizer(torch.optim.Optimizer):
@@ -242,6 +233,8 @@ class PerTensorOptimizer(torch.optim.Optimizer):
             group["state_dtype"] = resolve_state_dtype(group["state_dtype"])
             check_flat_group(type(self).__name__, group)
             check_capturable_group(type(self).__name__, group, self.impl)
+            check_lr(group["lr"])
+            check_parameters(group["params"])
             self.check_param_group(group)
         except ValueError:
             self.param_groups.pop()  # a refused group is not kept
@@ -556,13 +549,19 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         ``step`` (torch's older format) becomes a float32 tensor, as torch does.
 
         The restoring runs as the first post-hook, on the state dict every pre-hook has seen, so
-        what registered load-state-dict hooks do is kept. ``capturable`` stays this optimizer's
+        what registered load-state-dict hooks do is kept. Another optimizer's state (DanaStar's
+        in ADana, torch AdamW's ...) is refused first, naming where it comes from (module
+        state_origin). ``capturable`` stays this optimizer's
         (how the step runs, not training state), and each step count moves to where it wants
         it: the parameter's device when capturable, else the CPU."""
         loaded: dict = {}
         capturable = [group["capturable"] for group in self.param_groups]
 
         def keep(optimizer, final_state_dict):  # registered last: sees every pre-hook's work
+            refusal = foreign_state_refusal(type(optimizer).__name__, optimizer.buffer_names,
+                                            final_state_dict)
+            if refusal is not None:  # before anything is loaded
+                raise ValueError(refusal)
             loaded["state_dict"] = final_state_dict
 
         def restore(optimizer):

@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import torch
 
-from .base import (
-    DEFAULT_LR,
-    PerTensorOptimizer,
-    check,
-    check_lr,
+from danastar.hparams import (
+    DEFAULT_CLIPSNR,
+    DEFAULT_DELTA,
+    DEFAULT_KAPPA,
+    check_dana,
     check_non_negative,
     check_positive_or_none,
 )
-from .dtensors import is_dtensor
-from .weight_decay import check_constant_decay, paper_call, resolve_weight_decay
 
-DEFAULT_DELTA = 8.0  # damping δ of the EMA coefficient a_k = δ / (δ + k)
-DEFAULT_KAPPA = 0.85  # log-time exponent κ of the Nesterov factor (1 + k)^(1 - κ)
-DEFAULT_CLIPSNR = 2.0  # the SNR clip of the *-mk4 variants
+from .base import DEFAULT_LR, PerTensorOptimizer, check_lr
+from .dtensors import is_dtensor
+from .weight_decay import (
+    check_constant_decay,
+    paper_call,
+    resolve_weight_decay,
+    warn_if_too_short,
+)
+
+__all__ = ["DEFAULT_CLIPSNR", "DEFAULT_DELTA", "DEFAULT_KAPPA", "DanaBase",
+           "foreach_log_time_moments"]
 
 
 def foreach_log_time_moments(ms, vs, grads, a, eps):
@@ -34,12 +40,9 @@ def foreach_log_time_moments(ms, vs, grads, a, eps):
 
 def check_dana_hyperparameters(lr, delta, kappa, clipsnr, weight_decay, wd_ts, eps):
     check_lr(lr)
-    check(delta > 0, f"delta must be > 0 (default {DEFAULT_DELTA:g}), got {delta}")
-    check(0 < kappa <= 1, f"kappa must be in (0, 1] (default {DEFAULT_KAPPA}), got {kappa}")
-    check_positive_or_none(clipsnr=clipsnr)
+    check_dana(delta, kappa, clipsnr, eps)
     check_non_negative(weight_decay=weight_decay)
     check_positive_or_none(wd_ts=wd_ts)
-    check_non_negative(eps=eps)
 
 
 def _total(tensor: torch.Tensor) -> float:
@@ -68,6 +71,7 @@ class DanaBase(PerTensorOptimizer):
                         weight_decay=weight_decay, wd_ts=wd_ts, eps=eps)
         super().__init__(params, defaults, impl, state_dtype, stochastic_rounding,
                          flat, capturable)
+        warn_if_too_short(self.param_groups, omega is not None)
 
     def check_param_group(self, group: dict) -> None:
         owner = type(self).__name__

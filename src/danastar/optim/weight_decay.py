@@ -1,11 +1,13 @@
 """The independent weight decay as users set it: the paper's form (ω and the run's length), the
 explicit form (``weight_decay``, ``wd_ts``), the refusal of a constant decay that an AdamW habit
-would make destructive, and which parameters decay (`param_groups`).
+would make destructive, the warning when a run is too short for its decay, and which
+parameters decay (`param_groups`).
 
-The decay multiplies a parameter by ``1 − λ·s_t / (1 + k/wd_ts)`` at every step
-(`base.decay_multiplier`): scaled by the schedule factor s_t but **not** by the LR, unlike
-AdamW's coupled ``p ← p − lr·λ·p``. So AdamW's habit ``weight_decay=0.1`` here, with no
-``wd_ts``, would multiply every weight by 0.9 at every step.
+The decay multiplies a parameter by ``1 − λ·s_t / (1 + k/wd_ts)`` at every step, clamped to
+[0, 1] (`danastar.hparams.decay_multiplier`, shared with danastar.optax): scaled by the
+schedule factor s_t but **not** by the LR, unlike AdamW's coupled ``p ← p − lr·λ·p``. So
+AdamW's habit ``weight_decay=0.1`` here, with no ``wd_ts``, would multiply every weight by 0.9
+at every step.
 """
 
 from __future__ import annotations
@@ -13,52 +15,40 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import check, decay_multiplier
+from danastar.hparams import (
+    EARLY_STEPS,
+    FIX_EXPLICIT_FORM,
+    FIX_PAPER_FORM,
+    MAX_EARLY_DECAY,
+    PAPER_OMEGA,
+    SHORT_RUN_MAX_SHARE,
+    SHORT_RUN_STEPS,
+    WD_TS_DIVISOR,
+    ShortRunWeightDecayWarning,
+    check_paper_form,
+    early_decay_share,
+    fraction_kept,
+    largest_constant_weight_decay,
+    warn_short_run,
+)
+from danastar.hparams import paper_weight_decay as log_time_weight_decay
 
-WD_TS_DIVISOR = 10  # the paper's time scale of the decay: wd_ts = ⌊T/10⌋
-
-# A constant decay (wd_ts None) may remove at most this fraction of a weight over its first
-# EARLY_STEPS steps at the schedule's peak (s_t = 1), by the decay alone. Why 5% of 100 steps:
-# every constant decay an AdamW recipe applies per step (lr·λ: 3e-5 for lr 3e-4 and λ 0.1, 0.3%
-# over 100 steps; 5e-4 at most for lr 1e-3 and λ 0.5) stays under it, while every AdamW
-# weight_decay typed here, where it is not multiplied by the LR, is far over it: 0.1 removes
-# 99.997% in 100 steps, 0.01 63%, even 1e-3 9.5%. The largest constant decay allowed is ≈5.1e-4.
-MAX_EARLY_DECAY = 0.05
-EARLY_STEPS = 100
-# The weight-decay strength ω of the paper's runs (λ = ω / wd_ts with wd_ts = T/10).
-PAPER_OMEGA = 4.0
-
-
-def log_time_weight_decay(omega: float, total_steps: int,
-                          wd_ts: int | None = None) -> tuple[float, int]:
-    """The paper's weight decay for a run of ``total_steps`` optimizer steps, as
-    ``(weight_decay, wd_ts)``: ``wd_ts = ⌊T/10⌋`` (at least 1, so that runs shorter than 10
-    steps stay finite) unless given, and ``weight_decay = ω / wd_ts``. The per-step decay
-    ω·s_t/(wd_ts + k) is then about ω/t late in the run: the paper's λ(t) = ω/t with an offset
-    that keeps it finite early. The training plan (``danastar.scaling``) derives its values here.
-    """
-    if wd_ts is None:
-        wd_ts = max(1, total_steps // WD_TS_DIVISOR)
-    return omega / wd_ts, wd_ts
-
-
-def fraction_kept(weight_decay: float, wd_ts: int | None, steps: int = EARLY_STEPS) -> float:
-    """What is left of a weight after ``steps`` steps of the decay alone at the schedule's peak,
-    by the optimizers' own multiplier; a multiplier of 0 or less (λ ≥ 1) leaves nothing."""
-    kept = 1.0
-    for k in range(1, steps + 1):
-        kept *= max(0.0, decay_multiplier(weight_decay, 1.0, k, wd_ts))
-    return kept
+# The numbers and formulas of the decay live in danastar.hparams (danastar.optax shares them);
+# this module holds what the torch optimizers do with them, and which parameters decay.
+__all__ = [
+    "EARLY_STEPS", "MAX_EARLY_DECAY", "PAPER_OMEGA", "SHORT_RUN_MAX_SHARE", "SHORT_RUN_STEPS",
+    "WD_TS_DIVISOR", "ShortRunWeightDecayWarning", "check_constant_decay", "early_decay_share",
+    "fraction_kept", "is_norm", "largest_constant_weight_decay", "log_time_weight_decay",
+    "paper_call", "param_groups", "resolve_weight_decay", "warn_if_too_short", "warn_short_run",
+]
 
 
-def largest_constant_weight_decay() -> float:
-    """The largest constant ``weight_decay`` (``wd_ts=None``) the optimizers accept."""
-    low, high = 0.0, 1.0
-    for _ in range(60):  # bisection on fraction_kept, so the bound follows the multiplier
-        middle = (low + high) / 2
-        low, high = (middle, high) if 1 - fraction_kept(middle, None) <= MAX_EARLY_DECAY \
-            else (low, middle)
-    return low
+def warn_if_too_short(groups: list[dict], paper_form: bool) -> str | None:
+    """Warn once (ShortRunWeightDecayWarning) when the log-time decay of some group removes more
+    than SHORT_RUN_MAX_SHARE of a weight in its first SHORT_RUN_STEPS steps (a run too short for
+    it), naming the fix in the form the constructor was given (``paper_form``: omega and
+    total_steps); called at the end of each constructor with that decay."""
+    return warn_short_run(groups, FIX_PAPER_FORM if paper_form else FIX_EXPLICIT_FORM)
 
 
 def check_constant_decay(owner: str, call: str, group: dict) -> None:
@@ -104,10 +94,7 @@ def resolve_weight_decay(owner: str, call: str, params, weight_decay: float,
         raise ValueError(f"{owner}: give the weight decay either as omega and total_steps, "
                          f"{call}, or explicitly, {owner}(params, lr=..., weight_decay=..., "
                          "wd_ts=...), not both")
-    check(omega >= 0, f"omega must be >= 0 (the paper uses 4.0), got {omega}")
-    check(not isinstance(total_steps, bool) and total_steps >= 1
-          and int(total_steps) == total_steps,
-          f"total_steps must be a whole number of optimizer steps >= 1, got {total_steps}")
+    check_paper_form(omega, total_steps)
     if not torch.is_tensor(params):  # a lone tensor is left for torch to refuse
         params = list(params)
         for group in params:

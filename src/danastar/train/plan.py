@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from pathlib import Path
 
 from danastar.config import (
@@ -22,6 +23,7 @@ from danastar.config import (
 )
 from danastar.data.prepared import META_FILE, RAW_META, prepared_format
 from danastar.errors import UserError
+from danastar.hparams import ShortRunWeightDecayWarning, short_run_warning
 from danastar.machine import available_memory
 from danastar.models.config import ModelConfig
 from danastar.scaling import Plan
@@ -68,12 +70,20 @@ def dry_run(config: TrainConfig, world_size: int | None = None, run_dir: Path | 
     return planned_run(config, world_size, run_dir, run_dir_note)[1]
 
 
+# What `danastar train` changes when a run is too short for its log-time weight decay.
+SHORT_RUN_FIX = "a longer --iterations, a smaller --omega, or --omega 0 (no decay) for a smoke test"
+
+
 def planned_warning(planned: dict) -> str | None:
-    """The plan's one-line warning when it reads its corpus too many times (see
-    `repetition_warning`)."""
+    """The plan's warnings, a line each: when it reads its corpus too many times (see
+    `repetition_warning`), and when the run is too short for its log-time weight decay
+    (`danastar.hparams.short_run_warning`, the optimizers' own warning in the command's words)."""
     plan = planned["plan"]
-    return repetition_warning(plan["tokens"], plan["tokens_per_step"],
-                              planned["corpus"]["train_tokens"], planned["dataset"])
+    decay = short_run_warning(plan["weight_decay"], plan["wd_ts"], SHORT_RUN_FIX)
+    lines = [repetition_warning(plan["tokens"], plan["tokens_per_step"],
+                                planned["corpus"]["train_tokens"], planned["dataset"]),
+             f"warning: {decay}." if decay else None]
+    return "\n".join(line for line in lines if line) or None
 
 
 def check_resume(config: TrainConfig, run_dir: Path, world_size: int) -> None:
@@ -106,8 +116,17 @@ def check_optimizer_settings(plan, config: TrainConfig):
 
     with torch.device("meta"):
         model = build_model(model_config(config, plan))
-    make_optimizer(plan, config, model.param_groups(plan.weight_decay))
+    planned_optimizer(make_optimizer, plan, config, model.param_groups(plan.weight_decay))
     return model
+
+
+def planned_optimizer(make_optimizer, plan, config: TrainConfig, param_groups: list[dict]):
+    """``make_optimizer`` (module train.optimizer) as the plan builds it: without the
+    optimizers' short-run weight-decay warning, which the plan says in the command's words
+    (`planned_warning`)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ShortRunWeightDecayWarning)
+        return make_optimizer(plan, config, param_groups)
 
 
 def planned_vocab_size(dataset: str) -> tuple[int, str]:
@@ -325,8 +344,8 @@ class StepTimer:
         step on a CPU takes seconds, which a second would only double)."""
         from danastar.train.optimizer import make_optimizer
 
-        optimizer, _ = make_optimizer(self.plan, self.config,
-                                      self.model.param_groups(self.plan.weight_decay))
+        optimizer, _ = planned_optimizer(make_optimizer, self.plan, self.config,
+                                         self.model.param_groups(self.plan.weight_decay))
         optimizer.step()
 
         def one_step() -> float:
