@@ -187,6 +187,9 @@ def test_a_run_directory_name_longer_than_the_file_system_allows(tmp_path):
              for more in ([], [], ["--seed", "1"])]
     assert all(len(name.encode()) == 255 and name.startswith("d" * 200) for name in names)
     assert names[0] == names[1] != names[2]
+    (tmp_path / ("d" * 250)).mkdir()  # prepared, as the original release's raw files
+    for name in ("train.bin", "val.bin"):
+        (tmp_path / ("d" * 250) / name).write_bytes(bytes(2 * 64))
     config, _ = load_config([*BASE, "--dataset", dataset])
     dry_run(config)  # accepted
 

@@ -22,7 +22,13 @@ from typing import NoReturn
 from danastar.config import TrainConfig, epochs_text, load_config, run_directory
 from danastar.errors import UserError, report
 from danastar.scaling import Plan
-from danastar.train.plan import check_resume, estimated_time, planned_run, planned_warning
+from danastar.train.plan import (
+    checked_start,
+    estimated_time,
+    memory_problem,
+    planned_run,
+    planned_warning,
+)
 
 
 def main(argv: list[str]) -> int:
@@ -45,18 +51,13 @@ def main(argv: list[str]) -> int:
     # run starts); a worker leaves the checks below to rank 0.
     run_dir, note = (run_directory(config), None) if worker else \
         planned_run_dir(config, world_size)
-    if not planning and not worker:
-        # A run directory in use by another live process is said first (rank 0 takes its lock
-        # when the run starts; this only looks).
-        from danastar.rundir.lock import check_free
-
-        check_free(run_dir, "use another --run_dir")
-    # What training would refuse is refused here, as the dry run does: once (not by each of N
-    # workers), before data is prepared, a process is started or a file is written.
-    plan, planned = planned_run(config, run_dir=run_dir, run_dir_note=note)
-    if not worker:
-        check_resume(config, run_dir, planned["batch_layout"]["world_size"])
-    source = init_from(config, plan)  # an export that is not this model is refused here
+    # What training would refuse is refused here, the dry run's checks and the real start's
+    # alike (`checked_start`: the data, the run directory's lock, probed, and its resume): once
+    # (not by each of N workers), before data is prepared, a process is started or a file is
+    # written.
+    plan, planned = (planned_run(config, run_dir=run_dir) if worker
+                     else checked_start(config, run_dir, note))
+    source = init_from(config, plan, check_values=not worker)  # this model, finite weights
     if source is not None:
         planned["init_from"] = {"path": str(source.path), "architecture": source.architecture,
                                 "step": source.step, "model": source.description}
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> int:
     if not under_torchrun():
         # Facts of this machine, which a dry run (planning for any machine) does not check: here
         # they are refused once rather than by each worker, and before data is prepared.
-        check_this_machine(config)
+        check_this_machine(config, plan, planned["batch_layout"]["world_size"])
     if config.parallel.nproc > 1 and not under_torchrun():
         if config.data.dataset != "synthetic":
             from danastar.data.prepare import ensure_prepared
@@ -83,15 +84,19 @@ def main(argv: list[str]) -> int:
     return run_training(config, plan, initial_weights(source))
 
 
-def init_from(config: TrainConfig, plan: Plan):
+def init_from(config: TrainConfig, plan: Plan, check_values: bool = True):
     """The export `--init_from` names, checked against the planned model (its class, shape and
-    every tensor's name and shape, from the files' headers), or None without the flag."""
+    every tensor's name and shape, from the files' headers) and, with `check_values`, every
+    value finite (each tensor read in turn), or None without the flag."""
     if not config.train.init_from:
         return None
     from danastar.config import model_config
-    from danastar.export.init_from import inspect
+    from danastar.export.init_from import check_finite, inspect
 
-    return inspect(Path(config.train.init_from), model_config(config, plan))
+    source = inspect(Path(config.train.init_from), model_config(config, plan))
+    if check_values:
+        check_finite(source)
+    return source
 
 
 def initial_weights(source):
@@ -154,8 +159,9 @@ def leave_worker(code: int) -> NoReturn:
     os._exit(code)
 
 
-def check_this_machine(config: TrainConfig) -> None:
-    """This machine has the devices the processes will ask for and the trackers asked for."""
+def check_this_machine(config: TrainConfig, plan: Plan, world_size: int) -> None:
+    """This machine has the devices the processes will ask for, the trackers asked for, and
+    the memory the model needs at least (said before anything is allocated)."""
     import importlib.util
 
     import torch
@@ -172,6 +178,11 @@ def check_this_machine(config: TrainConfig) -> None:
     if config.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise UserError("TensorBoard is not installed; pip install 'danastar[tensorboard]' or drop "
                         "logging.tensorboard.")
+    too_large = memory_problem(config, plan, world_size, device)
+    if too_large:
+        fewer = " or fewer --nproc" if device.type == "cpu" and world_size > 1 else ""
+        raise UserError(f"{too_large}; use fewer --heads (a smaller model){fewer}, or a "
+                        f"machine with more memory (--dry_run shows the plan).")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ def export(path: Path, out: Path, *, custom: bool = False) -> Exported:
     mapping = to_hf(weights.model_config, weights.state_dict, force_custom=custom)
     model = hf.build(mapping)
     max_error = compare_logits(weights, model)
-    if max_error > TOLERANCE:
+    if not max_error <= TOLERANCE:  # NaN included
         raise RuntimeError(f"the {mapping.architecture} export's logits differ from danastar's "
                            f"by {max_error:.2e} (more than {TOLERANCE:g}): a mapping bug")
     tokenizer, why_none = run_tokenizer(weights.dataset)
@@ -118,7 +118,12 @@ def compare_logits(weights, model, tokens: int = 32, seed: int = 0) -> float:
     with torch.no_grad():
         ours = reference(ids)[..., :config.vocab_size]
         theirs = model(ids).logits[..., :config.vocab_size]
-    return (ours - theirs).abs().max().item()
+    if not bool(torch.isfinite(ours).all()):  # finite weights too large: nothing to compare
+        raise UserError(f"the weights of {weights.checkpoint} give non-finite logits (NaN or "
+                        f"infinity) on random tokens, so the export cannot be checked; export an "
+                        f"earlier checkpoint of {weights.run_dir / 'checkpoints'}, or train the "
+                        f"run again with a lower --lr.")
+    return (ours - theirs).abs().max().item()  # NaN where only the export's are not finite
 
 
 def _version() -> str:

@@ -1,6 +1,7 @@
 """`danastar train --init_from DIR`: a `danastar export` directory as a run's starting weights.
 
     source = inspect(Path("hf/llama-h2"), model_config)   # refuses a mismatch, reads no tensor
+    check_finite(source)                                   # refuses a NaN or an infinity
     state_dict = read(source)                              # danastar's names, float32, CPU
 
 The export's own files are read with the safetensors package (``model.safetensors``, or the
@@ -8,7 +9,8 @@ shards ``model.safetensors.index.json`` names; transformers is not needed) and r
 ``mapping.from_hf``. ``inspect`` checks, from the files' headers alone, that the export is the
 model the training configuration defines: its class, its shape (``danastar_export.json``, else
 ``config.json``) and every tensor's name and shape; a mismatch is one sentence naming the flags
-that define the export's model.
+that define the export's model. ``check_finite`` reads each tensor in turn and refuses an
+export holding a NaN or an infinity (damaged bytes under an intact header), as ``read`` does.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from danastar.export.mapping import CUSTOM, custom_config, from_hf, why_not_nati
 from danastar.extras import needs_extra
 from danastar.models import build_model
 from danastar.models.config import MOE_FLAT_NAMES, ModelConfig, arch_defaults, dimensions
+from danastar.train.weights import non_finite
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -78,7 +81,30 @@ def read(source: Source) -> dict[str, torch.Tensor]:
     for file in source.files:
         with safe_open(str(file), framework="pt") as weights:
             state.update({name: weights.get_tensor(name) for name in weights.keys()})
+    _refuse_non_finite(source.path, non_finite(state))
     return from_hf(source.model_config, source.architecture, stacked_experts(state))
+
+
+def check_finite(source: Source) -> None:
+    """Refuse an export holding a NaN or an infinity: each tensor read in turn (one in memory
+    at a time), before a run starts from it."""
+    _need_safetensors()
+    from safetensors import safe_open
+
+    found = []
+    for file in source.files:
+        with safe_open(str(file), framework="pt") as weights:
+            found += [name for name in weights.keys()
+                      if non_finite({name: weights.get_tensor(name)})]
+    _refuse_non_finite(source.path, found)
+
+
+def _refuse_non_finite(path: Path, names: list[str]) -> None:
+    if names:
+        raise UserError(f"--init_from {path} holds non-finite values (NaN or infinity) in "
+                        f"{len(names)} tensor(s), first {names[0]}, so a run from it could not "
+                        f"learn; export the run again with `danastar export`, or start without "
+                        f"--init_from.")
 
 
 def _need_safetensors() -> None:

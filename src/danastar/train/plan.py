@@ -1,8 +1,11 @@
 """Planning a run without training it: the library that `danastar train`, `submit` and `sweep`
 call. `planned_run` resolves the plan, the batch layout, the corpus epochs, the compute and the
 run directory, refusing (one sentence, before any process starts or file is written) what
-training would refuse; `check_resume` refuses a resume training would refuse; `measure_step`
-times a step of the planned model on this machine for the dry run's estimate."""
+training would refuse (data it cannot open); `checked_start` adds what `danastar train` checks of
+its run directory before it starts, with `--dry_run` or without: another process training
+there (the lock, probed, not taken) and a resume it would refuse (`check_resume`);
+`memory_problem` says when the model cannot fit in this machine's memory; `measure_step` times a
+step of the planned model on this machine for the dry run's estimate."""
 
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ def planned_run(config: TrainConfig, world_size: int | None = None, run_dir: Pat
     vocab_size, vocab_from = planned_vocab_size(config.data.dataset)
     plan = make_run_plan(config, vocab_size, layout.data_parallel_size)
     model = check_optimizer_settings(plan, config)
+    check_dataset(config.data.dataset)
     if run_dir is None:
         run_dir, run_dir_note = planned_run_dir(config, world_size)
     check_run_dir(run_dir)
@@ -84,6 +88,32 @@ def planned_warning(planned: dict) -> str | None:
                                 planned["corpus"]["train_tokens"], planned["dataset"]),
              f"warning: {decay}." if decay else None]
     return "\n".join(line for line in lines if line) or None
+
+
+def checked_start(config: TrainConfig, run_dir: Path, run_dir_note: str | None = None
+                  ) -> tuple[Plan, dict]:
+    """`planned_run`, with what `danastar train` checks of `run_dir` before it starts: one
+    function for the dry run and the real start, so that a dry run passes only what training
+    would. Refuses a directory another live process holds (its lock probed, not taken: training
+    takes it when it starts) and a resume training would refuse; writes nothing."""
+    from danastar.rundir.lock import check_free
+
+    check_free(run_dir, "use another --run_dir")  # said first, before any planning
+    plan, planned = planned_run(config, run_dir=run_dir, run_dir_note=run_dir_note)
+    check_resume(config, run_dir, planned["batch_layout"]["world_size"])
+    return plan, planned
+
+
+def check_dataset(dataset: str) -> None:
+    """Refuse, with training's own sentence, data that training could neither open nor prepare:
+    a folder that does not exist or holds no prepared data, under a name that is no source. A
+    source named but not prepared yet is planned from its name (`danastar prepare` prepares it,
+    or training does on first use)."""
+    from danastar.data.prepare import ensure_prepared
+    from danastar.data.sources import SOURCES
+
+    if dataset != "synthetic" and dataset not in SOURCES:
+        ensure_prepared(dataset)  # a name that is no source: opened as it is, or refused
 
 
 def check_resume(config: TrainConfig, run_dir: Path, world_size: int) -> None:
@@ -219,7 +249,10 @@ def measure_step(config: TrainConfig, planned: dict, plan: Plan | None = None
     if plan is None:
         plan = make_run_plan(config, planned["plan"]["vocab_size"], layout["data_parallel_size"])
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    need = plan.exact_total_params * 4 * 4  # weights, gradients and two optimizer states (fp32)
+    too_large = memory_problem(config, plan, layout["world_size"], device)
+    if too_large:
+        return f"not estimated: {too_large}, so `danastar train` refuses it here"
+    need = training_memory(config, plan, layout["world_size"], device)[0]
     free = free_memory(device)
     if free is not None and need > free // 2:
         return (f"not estimated: the model with its gradients and optimizer state (about "
@@ -357,6 +390,40 @@ class StepTimer:
 
         first = one_step()
         return first if first > 0.5 else min(first, one_step())
+
+
+def training_memory(config: TrainConfig, plan: Plan, world_size: int, device
+                    ) -> tuple[int, int]:
+    """(bytes, processes) that training needs at least on this machine's memory for `device`:
+    each process builds the whole model in float32 before it shards it, and holds its share of
+    the gradients and two optimizer states (each in `--state_dtype`); activations come on top.
+    On a CPU the `--nproc` processes share the memory, on GPUs each has its own."""
+    from danastar.train.parallel import SHARDED_BACKENDS, resolve_backend
+
+    backend = resolve_backend(config.parallel.backend, world_size)
+    shards = world_size if backend in SHARDED_BACKENDS or config.parallel.tp_size > 1 else 1
+    state_bytes = 2 if config.optim.state_dtype == "bfloat16" else 4
+    per_process = plan.exact_total_params * (4 + (4 + 2 * state_bytes) / shards)
+    processes = 1 if device.type == "cuda" else world_size
+    return int(per_process * processes), processes
+
+
+def memory_problem(config: TrainConfig, plan: Plan, world_size: int, device) -> str | None:
+    """Why the planned model cannot fit in the memory `device` has free on this machine (the
+    memory available to new processes for a CPU), or None (it may fit, or the system does not
+    say)."""
+    need, processes = training_memory(config, plan, world_size, device)
+    free = free_memory(device)
+    if free is None or need <= free:
+        return None
+    import torch
+
+    where = (f"GPU {torch.cuda.get_device_name(device)} has {free / 2**30:.1f} GiB free"
+             if device.type == "cuda" else f"machine has {free / 2**30:.1f} GiB available")
+    each = f" in {processes} processes" if processes > 1 else ""
+    return (f"the model's {plan.exact_total_params:,} parameters need at least "
+            f"{need / 2**30:.1f} GiB{each} for their weights, gradients and optimizer state, "
+            f"and this {where}")
 
 
 def free_memory(device) -> int | None:

@@ -20,6 +20,7 @@ import torch
 from danastar.config import TrainConfig, default_run_dir, save_yaml
 from danastar.durable import write_atomic
 from danastar.errors import UserError
+from danastar.optim.base import local
 from danastar.rundir import lock as run_lock
 from danastar.rundir.files import (
     CONFIG_FILE,
@@ -158,6 +159,7 @@ def resume(found: Found | None, env: parallel.Distributed, checkpointer: Checkpo
     if found is None:
         return None
     run_state = checkpointer.load(found, core, optimizer)
+    check_finite_weights(found, core, env)
     data.loader.load_state_dict(run_state["data_position"])  # batches are a function of the step
     saved_world = len(run_state["rng"])
     same_topology = saved_world == env.world_size  # else the RNG streams cannot be matched
@@ -167,6 +169,21 @@ def resume(found: Found | None, env: parallel.Distributed, checkpointer: Checkpo
                    same_topology, run_state.get("expert_tally"))
 
 
+def check_finite_weights(found: Found, core: torch.nn.Module, env: parallel.Distributed
+                         ) -> None:
+    """Refuse a checkpoint whose weights hold a NaN or an infinity (saved while a diverging run
+    skipped its non-finite steps): resuming it could only skip every step again. Each rank
+    looks at its own shards; all learn the count."""
+    count = sum(1 for param in core.parameters() if not bool(torch.isfinite(local(param)).all()))
+    total = parallel.all_reduce_sum(torch.tensor([float(count)], device=env.device)).item()
+    if total:
+        raise UserError.on_every_rank(
+            f"checkpoint {found.path} holds non-finite weights (NaN or infinity in {int(total)} "
+            f"tensor(s)), saved while the run diverged; move it out of {found.path.parent} to "
+            f"resume from an earlier one, or pass --no_auto_resume to start afresh (with a "
+            f"lower --lr).", env.is_main)
+
+
 def initialise(model: torch.nn.Module, initial_weights, env: parallel.Distributed,
                source: str) -> str:
     """Load a fresh run's starting weights, `initial_weights()` (full tensors under the model's
@@ -174,7 +191,10 @@ def initialise(model: torch.nn.Module, initial_weights, env: parallel.Distribute
     that every rank starts from the same weights; returns the line that says so. The command
     checked them against the planned model; this refuses a model planned again since (another
     vocabulary, once the data was prepared)."""
-    state = initial_weights()
+    try:
+        state = initial_weights()  # refuses non-finite weights (`export.init_from.read`)
+    except UserError as error:  # every rank reads the same files: one message
+        raise UserError.on_every_rank(str(error), env.is_main) from None
     own = model.state_dict()
     differ = sorted(set(own) ^ set(state)) or sorted(
         name for name in own if tuple(own[name].shape) != tuple(state[name].shape))

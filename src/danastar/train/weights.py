@@ -7,7 +7,9 @@ A path is a run directory (its newest checkpoint that verifies) or one checkpoin
 Single-file (`state.pt`) and sharded (`torch.distributed.checkpoint`) checkpoints both load, the
 shards of every rank read whole into this one process. The model's shape comes from the run's
 `model_config.json` where training wrote one, else it is rebuilt from `config.yaml` and
-`plan.json` (runs trained before the file existed). Nothing is written.
+`plan.json` (runs trained before the file existed). Weights holding a NaN or an infinity (a
+checkpoint saved while a run diverged) are refused: nothing computed from them means anything.
+Nothing is written.
 """
 
 from __future__ import annotations
@@ -55,12 +57,25 @@ def load_weights(path: Path, *, say=None, using: str = "using") -> Weights:
     ("...; <using> the older latest-00000002 instead.")."""
     run_dir, checkpoint, meta = find_checkpoint(Path(path), say or _say, using)
     config = _model_config(run_dir)
-    return Weights(model_config=config,
-                   state_dict=_read_state(checkpoint, meta["layout"], config),
-                   run_dir=run_dir, checkpoint=checkpoint, step=int(meta.get("step", 0)),
+    state_dict = _read_state(checkpoint, meta["layout"], config)
+    damaged = non_finite(state_dict)
+    if damaged:
+        raise UserError(f"checkpoint {checkpoint} holds non-finite weights (NaN or infinity in "
+                        f"{len(damaged)} tensor(s), first {damaged[0]}), saved while the run "
+                        f"diverged; name an earlier checkpoint folder of "
+                        f"{run_dir / 'checkpoints'}, or train the run again with a lower --lr.")
+    return Weights(model_config=config, state_dict=state_dict, run_dir=run_dir,
+                   checkpoint=checkpoint, step=int(meta.get("step", 0)),
                    layout=meta["layout"], identity=_identity(run_dir),
                    val_loss=_last_val_loss(run_dir, int(meta.get("step", 0))),
                    dataset=_dataset(run_dir))
+
+
+def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the tensors of `state` that hold a NaN or an infinity (integer tensors never
+    do), in order."""
+    return [name for name, tensor in state.items()
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
 
 
 def _say(message: str) -> None:
