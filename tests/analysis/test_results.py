@@ -88,6 +88,23 @@ def test_a_run_is_complete_only_with_its_final_record_at_the_last_step(tmp_path)
     assert partial.final_loss is None and partial.best_loss is not None
 
 
+def test_a_failed_run_or_one_whose_final_loss_is_not_finite_is_never_complete(tmp_path,
+                                                                              capsys):
+    """Training records a run whose every step was skipped (or that diverged) as failed in
+    status.json; its final record may still be there, even with a finite loss."""
+    failed = write_run(tmp_path, "adamw", 4, iterations=100)
+    (failed / "status.json").write_text(json.dumps({"state": "failed", "step": 100}))
+    nan = write_run(tmp_path, "adamw", 6, iterations=100)
+    lines = (nan / "metrics.jsonl").read_text().splitlines()
+    lines[-1] = json.dumps({**json.loads(lines[-1]), "val_loss": float("nan")})
+    (nan / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    for run_dir in (failed, nan):
+        run = records.read_run(run_dir)
+        assert not run.complete and run.state == "failed" and run.final_loss is None
+    rows = results_json(capsys, str(tmp_path))
+    assert [row["state"] for row in rows] == ["failed", "failed"]
+
+
 def cli(*args):
     return subprocess.run([sys.executable, "-m", "danastar", *args], capture_output=True,
                           text=True, timeout=120)

@@ -8,9 +8,12 @@ import torch
 import yaml
 
 from danastar import scaling
+from danastar.analysis import records
 from danastar.cli import main as danastar_main
 from danastar.config import load_config
 from danastar.errors import UserError
+from danastar.launch import sweep_spec
+from danastar.rundir.status import read_status
 from danastar.train import loop
 from danastar.train import optimizer as optimizer_module
 from danastar.train import step as step_module
@@ -108,11 +111,50 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, monkeyp
     config, _ = load_config(
         [*TINY, "--iterations", "20", "train.max_nonfinite_steps=3", "--run_dir", str(tmp_path)]
     )
-    with pytest.raises(UserError, match="3 non-finite steps in a row"):
+    with pytest.raises(UserError, match="3 non-finite steps in a row at step 3"):
         loop.train(config)
     skipped = [m["skipped_steps"] for m in metrics(tmp_path) if "skipped_steps" in m]
-    assert skipped == [1, 2]  # logged every step; the third one stops the run
+    assert skipped == [1, 2, 3]  # logged every step; the third one stops the run
     assert updates == []  # a non-finite step never reaches the optimizer
+    status = read_status(tmp_path)
+    assert status["state"] == "failed" and status["exit_code"] == 2
+    assert status["reason"].startswith("training diverged: 3 non-finite steps in a row")
+    assert records.read_run(tmp_path).state == "failed"
+
+
+def nan_gradients(monkeypatch):
+    monkeypatch.setattr(step_module, "clip_grad_norm",
+                        lambda model, max_norm: torch.tensor(float("nan")))
+
+
+def test_a_run_whose_every_step_was_skipped_fails_and_is_never_complete(tmp_path, monkeypatch):
+    """Fewer steps than train.max_nonfinite_steps, all skipped: the weights never changed, and
+    the run is recorded failed (status.json, results, sweeps), with no final checkpoint that a
+    second start would call finished."""
+    nan_gradients(monkeypatch)
+    config, _ = load_config([*TINY, "--iterations", "3", "--run_dir", str(tmp_path)])
+    with pytest.raises(UserError) as refused:
+        loop.train(config)
+    said = str(refused.value)
+    assert said.startswith("training failed: every one of its 3 steps had a non-finite loss")
+    assert "--init_from" in said and "--lr" in said
+    status = read_status(tmp_path)
+    assert (status["state"], status["step"], status["exit_code"]) == ("failed", 3, 2)
+    assert status["reason"] == said
+    assert not list((tmp_path / "checkpoints").glob("*-00000003"))
+    assert not records.read_run(tmp_path).complete
+    assert records.read_run(tmp_path).state == "failed"
+    assert sweep_spec.run_state(tmp_path)["state"] == "partial"  # a sweep trains it again
+
+
+def test_a_run_whose_final_validation_loss_is_not_finite_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(loop, "evaluation", lambda *args: (float("nan"), {}))
+    config, _ = load_config([*TINY, "--iterations", "3", "--run_dir", str(tmp_path)])
+    with pytest.raises(UserError, match="its final validation loss is nan"):
+        loop.train(config)
+    assert read_status(tmp_path)["state"] == "failed"
+    run = records.read_run(tmp_path)
+    assert run.final_record is not None and not run.complete and run.state == "failed"
 
 
 def test_dry_run_prints_the_scaling_plan_and_the_batch_layout(capsys):

@@ -2,7 +2,9 @@
 when present) into one :class:`Run` per directory.
 
 A run is complete when metrics.jsonl holds a ``final: true`` validation record at
-``step == iterations``; anything else is partial, shown as such and left out of fits.
+``step == iterations`` with a finite loss, and status.json does not say it failed (training
+records a run whose every step was skipped, or that diverged, as failed); a failed run is shown
+as failed, anything else as partial, and both are left out of fits.
 """
 
 from __future__ import annotations
@@ -60,6 +62,15 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(found, dict):
         raise UnreadableRun(f"{path} holds a JSON {type(found).__name__}, not an object")
     return found
+
+
+def _finite(value: Any) -> bool:
+    """A loss as logged (NaN and infinities are written as JSON's NaN and Infinity) is a finite
+    number."""
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def _read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
@@ -208,7 +219,8 @@ class Run:
     @property
     def complete(self) -> bool:
         final = self.final_record
-        return final is not None and int(final["step"]) == self.iterations > 0
+        return (final is not None and int(final["step"]) == self.iterations > 0
+                and _finite(final["val_loss"]) and self.status.get("state") != "failed")
 
     @property
     def wall_seconds(self) -> float | None:
@@ -230,7 +242,9 @@ class Run:
     def state(self) -> str:
         if self.complete:
             return COMPLETE
-        failed = self.status.get("state") == "failed"
+        final = self.final_record
+        failed = self.status.get("state") == "failed" or (
+            final is not None and not _finite(final["val_loss"]))
         return "failed" if failed else PARTIAL
 
     @property

@@ -29,6 +29,7 @@ from danastar.errors import UserError
 from danastar.launch.user_yaml import read_user_yaml
 from danastar.rundir import metrics
 from danastar.rundir.files import METRICS_FILE
+from danastar.rundir.status import read_status
 
 SPECIAL_KEYS = ("preset", "config", "lr_multiplier")
 SHORT_NAMES = {"optim.name": "", "model.heads": "h", "lr_multiplier": "lrx", "train.seed": "s",
@@ -186,14 +187,23 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def finite(value: Any) -> bool:
+    """A logged loss is a finite number (NaN and infinities are logged as such)."""
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
 def run_state(run_dir: Path | str, iterations: int | None = None) -> dict:
     """{"state": "complete" | "partial" | "new", "step", "iterations"} of one run directory.
 
     Complete: metrics.jsonl holds the final validation record (`final: true`) at step ==
     iterations (from plan.json, or `iterations` when given: the total the run is to reach, which
-    is more than its plan.json records when a sweep file extends its runs). Partial: the run has
-    started (a plan or metrics exist) and is resumed from its latest checkpoint when trained
-    again. New: nothing there yet."""
+    is more than its plan.json records when a sweep file extends its runs), with a finite loss,
+    and status.json does not say the run failed. Partial: the run has started (a plan or
+    metrics exist) and is resumed from its latest checkpoint when trained again (a failed run
+    too: training says again why it fails). New: nothing there yet."""
     import json
 
     run_dir = Path(run_dir)
@@ -210,7 +220,9 @@ def run_state(run_dir: Path | str, iterations: int | None = None) -> dict:
     step = max((int(record.get("step", 0)) for record in logged), default=0)
     final = metrics.final_validation(logged)
     final_at = None if final is None else final.get("step")
-    if iterations is not None and final_at == iterations:
+    failed = read_status(run_dir).get("state") == "failed" or (
+        final is not None and not finite(final.get("val_loss")))
+    if iterations is not None and final_at == iterations and not failed:
         state = "complete"
     elif started or logged:
         state = "partial"

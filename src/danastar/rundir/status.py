@@ -8,8 +8,10 @@ share of a run: a job, a requeued job, a `--iterations_to_run` chain link):
 
 States: running, preempted (a signal or the stop file; a checkpoint was saved), interrupted
 (Ctrl-C; a checkpoint was saved), segment done (`--iterations_to_run` reached; a checkpoint was
-saved), complete (all iterations done), failed (written by the job script when training
-crashed). `restarts` and `job_id` come from SLURM when it runs the job.
+saved), complete (all iterations done, with a step that trained and a finite final validation
+loss), failed (written by training when the run diverged, when every step was skipped as
+non-finite or its final validation loss is not finite, with the sentence in `reason`; and by the
+job script when training crashed). `restarts` and `job_id` come from SLURM when it runs the job.
 
 `<run_dir>/STOP`: creating this file asks the run to save a checkpoint and stop, exactly as
 SIGUSR1 does. A SLURM job script creates it when its time is nearly up; a person can create it
@@ -43,6 +45,8 @@ def write_status(run_dir: Path | str, state: str, **fields) -> dict:
     """Update status.json with `state` and `fields` (keeping the others), atomically."""
     assert state in STATES, state
     status = read_status(run_dir)
+    if state != "failed":
+        status.pop("reason", None)  # an earlier segment's failure, not this one's
     status.update(fields, state=state,
                   updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     status.update(slurm_job())

@@ -10,8 +10,9 @@ clip the global gradient norm; step), then `maybe_log`, `maybe_evaluate`, `stop_
 `maybe_save`, each owning its cadence. Batches are a pure function of the step, so resuming from
 a checkpoint reproduces the uninterrupted run exactly.
 
-Exit codes (rundir/exits.py): 0 only when the run has reached its total iterations, 2 a user
-error (such as a diverged run, or a resume with other settings), 75 when a checkpoint was saved
+Exit codes (rundir/exits.py): 0 only when the run has reached its total iterations with a step
+that trained and a finite final validation loss, 2 a user error (such as a diverged run, a run
+whose every step was skipped, or a resume with other settings), 75 when a checkpoint was saved
 and work remains (after SIGTERM/SIGUSR1, the STOP file, or `--iterations_to_run`), so that a job
 chain can tell "done" from "more to do", and 130 after Ctrl-C and a saved checkpoint.
 `status.json` in the run directory says the same after every segment.
@@ -43,7 +44,7 @@ from danastar.errors import UserError
 from danastar.models import build_model
 from danastar.optim import apply_schedule
 from danastar.rundir import status as run_status
-from danastar.rundir.exits import COMPLETE_EXIT_CODE, PREEMPTED_EXIT_CODE
+from danastar.rundir.exits import COMPLETE_EXIT_CODE, PREEMPTED_EXIT_CODE, USER_ERROR_EXIT_CODE
 from danastar.rundir.files import CHECKPOINTS_DIR
 from danastar.rundir.status import write_status
 from danastar.scaling import Plan
@@ -167,7 +168,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
         maybe_log(t, result, lr_factor, step_time=time.perf_counter() - started)
         maybe_evaluate(t)
         stop = stop_decision(t, result, start_step)
-        maybe_save(t, stopping=stop is not None)
+        maybe_save(t, stop)
         if stop is not None:
             return finish(t, stop)
 
@@ -200,6 +201,7 @@ class Training:
     skipped_steps: int
     expert_tally: per_expert.ExpertTally
     consecutive_skips: int = 0
+    final_val_loss: float | None = None  # the last step's validation loss, once evaluated
 
 
 @dataclass(frozen=True)
@@ -218,8 +220,8 @@ def stop_asked_here(t: Training) -> bool:
 
 
 def count_step(t: Training, result: StepResult) -> None:
-    """A finite step trains the experts it routed to; a non-finite one was skipped, and too many
-    in a row end the run (it has diverged)."""
+    """A finite step trains the experts it routed to; a non-finite one was skipped (too many in
+    a row end the run: `stop_decision`)."""
     if result.finite:
         t.consecutive_skips = 0
         t.expert_tally.add(result.moe.get("moe_load"))
@@ -228,10 +230,6 @@ def count_step(t: Training, result: StepResult) -> None:
     t.consecutive_skips += 1
     t.log.info(f"step {t.step}: non-finite loss {result.objective} or gradient norm "
                f"{result.grad_norm}; step skipped ({t.consecutive_skips} in a row)")
-    if t.consecutive_skips >= t.config.train.max_nonfinite_steps:
-        raise UserError(f"training diverged: {t.consecutive_skips} non-finite steps in a row at "
-                        f"step {t.step + 1}; lower the learning rate (--lr) or clip harder (a "
-                        f"smaller --grad_clip).")
 
 
 def maybe_log(t: Training, result: StepResult, lr_factor: float, step_time: float) -> None:
@@ -280,17 +278,23 @@ def evaluate_and_log(t: Training, final: bool) -> None:
         metrics["experts"] = experts
     if final:
         metrics["final"] = True
+        t.final_val_loss = val_loss
     t.log.log(metrics)
     t.log.info(f"step {t.step}: {'final ' if final else ''}validation loss {val_loss:.4f}")
 
 
 def stop_decision(t: Training, result: StepResult, start_step: int) -> Stop | None:
-    """Whether the run ends after this step, and how: complete at the last step; else stopped
-    when some rank was asked to (a signal, the STOP file) or `--iterations_to_run` steps are
-    done; None goes on."""
+    """Whether the run ends after this step, and how: failed after too many non-finite steps in
+    a row; at the last step complete, or failed when no step trained or the final validation
+    loss is not finite; else stopped when some rank was asked to (a signal, the STOP file) or
+    `--iterations_to_run` steps are done; None goes on."""
     step, preemption = t.step, t.preemption
+    if t.consecutive_skips >= t.config.train.max_nonfinite_steps:
+        return Stop("failed", USER_ERROR_EXIT_CODE, f"training diverged: {t.consecutive_skips} "
+                    f"non-finite steps in a row at step {step}; lower the learning rate (--lr) "
+                    f"or clip harder (a smaller --grad_clip).")
     if step == t.plan.iterations:
-        return Stop("complete", COMPLETE_EXIT_CODE)
+        return end_of_run(t)
     if result.stop_requested and preemption.interrupted:
         return Stop("interrupted", preemption.exit_code, f"Ctrl-C: checkpoint saved at step "
                     f"{step}; to resume, run the same command again.")
@@ -310,9 +314,28 @@ def stop_decision(t: Training, result: StepResult, start_step: int) -> Stop | No
     return None
 
 
-def maybe_save(t: Training, stopping: bool) -> None:
-    """A checkpoint when `checkpoint_kind` says so (always before the run stops)."""
-    kind = checkpoint_kind(t.step, t.plan.iterations, t.config.checkpoint, stopping)
+def end_of_run(t: Training) -> Stop:
+    """The last step's outcome: complete, unless every step of the run was skipped (its weights
+    are the ones it started from) or its final validation loss is not finite."""
+    if t.skipped_steps >= t.step:
+        return Stop("failed", USER_ERROR_EXIT_CODE, f"training failed: every one of its {t.step} "
+                    f"steps had a non-finite loss or gradient norm and was skipped, so its "
+                    f"weights never changed; check the starting weights (--init_from) and the "
+                    f"data, or lower the learning rate (--lr).")
+    if t.final_val_loss is not None and not math.isfinite(t.final_val_loss):
+        return Stop("failed", USER_ERROR_EXIT_CODE, f"training failed: its final validation loss "
+                    f"is {t.final_val_loss} ({t.skipped_steps} of its {t.step} steps skipped as "
+                    f"non-finite); lower the learning rate (--lr) or clip harder (a smaller "
+                    f"--grad_clip), and train again with --no_auto_resume or another --run_dir.")
+    return Stop("complete", COMPLETE_EXIT_CODE)
+
+
+def maybe_save(t: Training, stop: Stop | None) -> None:
+    """A checkpoint when `checkpoint_kind` says so (always before the run stops), never of a
+    failed run: it is not the run's to continue."""
+    if stop is not None and stop.state == "failed":
+        return
+    kind = checkpoint_kind(t.step, t.plan.iterations, t.config.checkpoint, stop is not None)
     if kind is None:
         return
     t.checkpointer.save(t.step, t.core, t.optimizer, {
@@ -324,15 +347,18 @@ def maybe_save(t: Training, stopping: bool) -> None:
 
 def finish(t: Training, stop: Stop) -> int:
     """Say why the run stopped, record it in status.json, and at the end of a complete run show
-    a sample and what to run next; returns the exit code."""
-    if stop.state == "interrupted":
-        t.log.end_progress()  # after the terminal's ^C, the line stands below the bar
-    if stop.message:
+    a sample and what to run next; returns the exit code (a failed run raises its sentence)."""
+    failed = stop.state == "failed"
+    if stop.state == "interrupted" or failed:
+        t.log.end_progress()  # the line stands below the bar
+    if stop.message and not failed:
         t.log.info(stop.message)
     if t.env.is_main:
         run_status.clear_stop(t.run_dir)  # consumed: the next segment must not stop at once
         write_status(t.run_dir, stop.state, step=t.step, total=t.plan.iterations,
-                     exit_code=stop.exit_code)
+                     exit_code=stop.exit_code, **({"reason": stop.message} if failed else {}))
+    if failed:  # said once, on stderr, as every refusal is
+        raise UserError.on_every_rank(stop.message, t.env.is_main)
     if stop.state != "complete":
         return stop.exit_code
     t.log.end_progress()
