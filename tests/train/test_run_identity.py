@@ -166,3 +166,18 @@ def test_the_dry_run_and_submit_refuse_the_resume_training_refuses_and_write_not
         assert result.stderr.strip() == f"danastar {command}: {refusal}"
     assert (listing(run_dir), metrics(run_dir)) == before
     assert (run_dir / "slurm" / "config.yaml").read_text() == "as submitted\n"
+
+
+def test_a_resume_with_unchanged_settings_records_no_change(tmp_path):
+    """run.json holds the settings as JSON: a tuple setting (`model.moe.mlp_only_layers`, on
+    dense models too) read back as a list must not count as a change at the next start."""
+    from danastar.config import batch_layout, load_config
+    from danastar.train.identity import record_start
+
+    config, _ = load_config(["--heads", "1", "--iterations", "4"])
+    assert isinstance(config.model.moe.mlp_only_layers, tuple)
+    layout = batch_layout(config, 1)
+    record_start(tmp_path, {"lr": 1e-3}, config, layout, 0, 1, [])
+    record_start(tmp_path, {"lr": 1e-3}, config, layout, 2, 1, [])
+    starts = json.loads((tmp_path / "run.json").read_text())["starts"]
+    assert [start["changed"] for start in starts] == [[], []]

@@ -212,7 +212,9 @@ def record_start(run_dir: Path, identity: dict[str, Any], config, layout, step: 
                  world_size: int, accepted: list[str]) -> None:
     """Write run.json: the identity, the latest settings, and one entry per start."""
     previous = read_run_file(run_dir) or {}
-    settings = config.to_dict()
+    # as run.json will hold them (a tuple reads back as a list), so that an unchanged setting
+    # compares equal to its record
+    settings = json.loads(json.dumps(config.to_dict(), default=str))
     changed = [f"{key}: {show(old)} → {show(new)}" for key, old, new in
                setting_changes(previous.get("settings", {}), settings)]
     starts = previous.get("starts", [])
