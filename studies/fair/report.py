@@ -216,6 +216,24 @@ def sweep_table(results: Results) -> list[str]:
     return lines
 
 
+def seed0_table(results: Results) -> list[str]:
+    """Every seed-0 run recorded so far: the LR sweeps and the warm-up sweeps as they grow."""
+    lines = ["| corpus | horizon | optimizer | warm-up (steps) | final loss at LR × law (seed 0) |",
+             "|---|---|---|---|---|"]
+    groups: dict[tuple, list[tuple[float, float]]] = {}
+    for key in results.planner.known:
+        if key.seed == 0 and key.steps in STEPS.values():
+            groups.setdefault((key.corpus, key.steps, key.optimizer, key.warmup), []).append(
+                (key.multiplier, results.planner.loss(key)))
+    horizon_of = {steps: horizon for horizon, steps in STEPS.items()}
+    for (corpus, steps, optimizer, warmup), points in sorted(
+            groups.items(), key=lambda item: (list(CORPORA).index(item[0][0]), *item[0][1:])):
+        cells = ", ".join(f"{m:g}: {loss:.4f}" for m, loss in sorted(points))
+        lines.append(f"| {CORPORA[corpus]} | {horizon_of[steps]}× | {optimizer} | {warmup} | "
+                     f"{cells} |")
+    return lines
+
+
 def multiplier_table(results: Results) -> tuple[list[str], list[dict]]:
     lines = ["| corpus | horizon | tokens/param | epochs | optimizer | recipe | final loss | "
              f"{BASELINE}'s loss (same recipe) | within the horizon | the paper's estimator |",
@@ -378,7 +396,10 @@ def report() -> None:
     lines, rows = multiplier_table(results)
     text += ["## Compute multipliers against AdamW under the same recipe", "",
              "Mean ± standard error over 3 seeds, each read off AdamW's curve of the same seed "
-             "and recipe.", "", *lines, ""]
+             "and recipe.", "", *lines, "",
+             "## Every seed-0 run so far", "",
+             "The LR and warm-up sweeps as recorded, at each horizon's steps (AdamW's shorter "
+             "and longer budgets are in the records).", "", *seed0_table(results), ""]
     figure = figure_writer(OUT, text)
     for tag, corpus in CORPORA.items():
         figure(f"multiplier_{corpus}", lambda corpus=corpus: multiplier_figure(rows, corpus))
