@@ -65,3 +65,15 @@ def test_trackers_get_numbers_and_each_moe_layers_largest_load():
             "experts": [{"routed_share": [1.0, 0.5]}]}
     assert tracker_scalars(line) == {"train_loss": 2.5, "moe_max_load": 1.5,
                                      "moe_max_load/layer0": 2.0, "moe_max_load/layer1": 1.5}
+
+
+def test_output_that_is_not_a_terminal_gets_plain_lines_not_a_bar(tmp_path, capsys):
+    """pytest's captured stdout is not a terminal, as a pipe or a file is not: the progress
+    is a plain line per logged step, with no bar's carriage returns."""
+    logger = make_logger(tmp_path, progress=True)
+    logger.info("run directory here")
+    logger.progress(5, {"step": 5, "train_loss": 2.345678, "lr": 1e-3, "grad_norm": 0.5})
+    logger.close()
+    out = capsys.readouterr().out
+    assert out == ("run directory here\n"
+                   "step 5/10: train_loss 2.346, lr 0.001, grad_norm 0.5\n")

@@ -352,7 +352,7 @@ def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int
     slots = list(range(parallel))
     (root / "logs").mkdir(exist_ok=True)
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc=f"sweep {name}",
-               dynamic_ncols=True)
+               dynamic_ncols=True, disable=None)  # no bar where stderr is not a terminal
     running: dict[int, tuple[PlannedRun, subprocess.Popen, object]] = {}
     failed: list[tuple[PlannedRun, int]] = []
     queue = list(todo)

@@ -108,7 +108,7 @@ def progress_bar(total: int | None, done: int, enabled: bool):
         initial=done,
         unit="doc",
         desc="tokenising",
-        disable=not enabled,
+        disable=None if enabled else True,  # None: no bar where stderr is not a terminal
         dynamic_ncols=True,
     ) as bar:
         yield bar

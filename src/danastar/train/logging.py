@@ -153,6 +153,7 @@ class RunLogger:
                 unit="step",
                 dynamic_ncols=True,
                 file=sys.stdout,
+                disable=None,  # a pipe or a file gets plain lines (`progress`), not a bar
             )
         if config.logging.wandb:
             self.wandb_run = start_wandb(config, self.run_dir, resumed)
@@ -191,18 +192,18 @@ class RunLogger:
                 self.tensorboard.add_scalar(key, value, metrics["step"])
 
     def progress(self, step: int, metrics: dict[str, Any]) -> None:
+        """The bar's position and numbers on a terminal; elsewhere the same as a plain line."""
         if self.bar is None:
             return
+        shown = {k: (f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else v)
+                 for k in ("train_loss", "lr", "grad_norm", "moe_max_load")
+                 if (v := metrics.get(k)) is not None}
+        if self.bar.disable:
+            numbers = ", ".join(f"{key} {value}" for key, value in shown.items())
+            print(f"step {step}/{self.total_steps}: {numbers}", flush=True)
+            return
         self.bar.n = step
-        shown = {key: metrics[key] for key in ("train_loss", "lr", "grad_norm", "moe_max_load")
-                 if key in metrics}
-        self.bar.set_postfix(
-            {
-                k: (f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else v)
-                for k, v in shown.items()
-            },
-            refresh=False,
-        )
+        self.bar.set_postfix(shown, refresh=False)
         self.bar.refresh()
 
     def end_progress(self) -> None:

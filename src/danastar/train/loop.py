@@ -58,6 +58,7 @@ from danastar.train.evaluation import evaluate as evaluate  # also known here
 from danastar.train.evaluation import evaluation, generate_sample
 from danastar.train.logging import RunLogger, peak_flops
 from danastar.train.optimizer import make_optimizer
+from danastar.train.plan import decay_warning
 from danastar.train.signals import PreemptionFlag
 from danastar.train.start import (
     Resumed,
@@ -381,10 +382,11 @@ def describe_start(log: RunLogger, run_dir: Path, plan: Plan, layout: BatchLayou
              f"of {layout.tokens_per_step} tokens ("
              f"{epochs_text(plan.tokens, corpus_tokens, config.data.dataset)}), "
              f"{env.world_size} process(es), backend {env.backend}, device {env.device}")
-    warning = repetition_warning(plan.tokens, layout.tokens_per_step, corpus_tokens,
-                                 config.data.dataset)
-    if warning:
-        log.info(warning)
+    for warning in (repetition_warning(plan.tokens, layout.tokens_per_step, corpus_tokens,
+                                       config.data.dataset),
+                    decay_warning(plan.weight_decay, plan.wd_ts)):
+        if warning:
+            log.info(warning)
     if resumed:
         log.info(resumed.describe())
 

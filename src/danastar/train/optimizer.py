@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import warnings
+
 from danastar.config import TrainConfig, schedule_options
 from danastar.errors import UserError
+from danastar.hparams import ShortRunWeightDecayWarning
 from danastar.optim import build_optimizer, get_schedule
 
 
 def make_optimizer(plan, config: TrainConfig, param_groups: list[dict]):
     """The planned optimizer over `param_groups` and its LR schedule.
 
-    Both check their hyperparameters (ValueError); a bad value is the user's to fix.
+    Both check their hyperparameters (ValueError); a bad value is the user's to fix. The
+    optimizers' short-run weight-decay warning, in the library's words, is not shown: the run
+    says it in the command's (`train.plan.decay_warning`).
     """
     try:
         # The state's dtype is passed only when asked for: other optimizers do not take it.
         state = {"state_dtype": config.optim.state_dtype} \
             if config.optim.state_dtype != "float32" else {}
-        optimizer = build_optimizer(plan.opt, param_groups, lr=plan.lr, **plan.optimizer_hparams,
-                                    **state)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ShortRunWeightDecayWarning)
+            optimizer = build_optimizer(plan.opt, param_groups, lr=plan.lr,
+                                        **plan.optimizer_hparams, **state)
         schedule = get_schedule(config.optim.scheduler, plan.warmup_steps, plan.iterations,
                                 **schedule_options(config))
     except ValueError as error:

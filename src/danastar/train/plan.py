@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import warnings
 from pathlib import Path
 
 from danastar.config import (
@@ -26,7 +25,7 @@ from danastar.config import (
 )
 from danastar.data.prepared import META_FILE, RAW_META, prepared_format
 from danastar.errors import UserError
-from danastar.hparams import ShortRunWeightDecayWarning, short_run_warning
+from danastar.hparams import short_run_warning
 from danastar.machine import available_memory
 from danastar.models.config import ModelConfig
 from danastar.scaling import Plan
@@ -78,15 +77,21 @@ def dry_run(config: TrainConfig, world_size: int | None = None, run_dir: Path | 
 SHORT_RUN_FIX = "a longer --iterations, a smaller --omega, or --omega 0 (no decay) for a smoke test"
 
 
+def decay_warning(weight_decay, wd_ts) -> str | None:
+    """The optimizers' short-run weight-decay warning in the command's words, as a line (the
+    dry run prints it, a run logs it at its start)."""
+    decay = short_run_warning(weight_decay, wd_ts, SHORT_RUN_FIX)
+    return f"warning: {decay}." if decay else None
+
+
 def planned_warning(planned: dict) -> str | None:
     """The plan's warnings, a line each: when it reads its corpus too many times (see
     `repetition_warning`), and when the run is too short for its log-time weight decay
-    (`danastar.hparams.short_run_warning`, the optimizers' own warning in the command's words)."""
+    (`decay_warning`)."""
     plan = planned["plan"]
-    decay = short_run_warning(plan["weight_decay"], plan["wd_ts"], SHORT_RUN_FIX)
     lines = [repetition_warning(plan["tokens"], plan["tokens_per_step"],
                                 planned["corpus"]["train_tokens"], planned["dataset"]),
-             f"warning: {decay}." if decay else None]
+             decay_warning(plan["weight_decay"], plan["wd_ts"])]
     return "\n".join(line for line in lines if line) or None
 
 
@@ -146,17 +151,8 @@ def check_optimizer_settings(plan, config: TrainConfig):
 
     with torch.device("meta"):
         model = build_model(model_config(config, plan))
-    planned_optimizer(make_optimizer, plan, config, model.param_groups(plan.weight_decay))
+    make_optimizer(plan, config, model.param_groups(plan.weight_decay))
     return model
-
-
-def planned_optimizer(make_optimizer, plan, config: TrainConfig, param_groups: list[dict]):
-    """``make_optimizer`` (module train.optimizer) as the plan builds it: without the
-    optimizers' short-run weight-decay warning, which the plan says in the command's words
-    (`planned_warning`)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ShortRunWeightDecayWarning)
-        return make_optimizer(plan, config, param_groups)
 
 
 def planned_vocab_size(dataset: str) -> tuple[int, str]:
@@ -377,8 +373,8 @@ class StepTimer:
         step on a CPU takes seconds, which a second would only double)."""
         from danastar.train.optimizer import make_optimizer
 
-        optimizer, _ = planned_optimizer(make_optimizer, self.plan, self.config,
-                                         self.model.param_groups(self.plan.weight_decay))
+        optimizer, _ = make_optimizer(self.plan, self.config,
+                                      self.model.param_groups(self.plan.weight_decay))
         optimizer.step()
 
         def one_step() -> float:
