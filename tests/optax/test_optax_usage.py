@@ -241,7 +241,7 @@ def test_the_paper_weight_decay_and_the_refusal_match_danastar_optim():
     (lambda: dana_mk4(clipsnr=0.0), "clipsnr must be None or > 0"),
     (lambda: adana(convention="pytorch"), "convention must be one of"),
     (lambda: adana(weight_decay=0.1), "would remove more than 5%"),
-    (lambda: adana(omega=4.0), "both omega and total_steps"),
+    (lambda: adana(omega=4.0), "omega needs total_steps as well"),
     (lambda: adana(weight_decay=1e-4, omega=4.0, total_steps=100), "not both"),
     (lambda: adana(optax.cosine_decay_schedule(1e-3, 100), weight_decay=1e-4),
      "needs the schedule factor"),
@@ -271,3 +271,11 @@ def test_every_argument_of_an_alias_is_documented(name):
     documented = inspect.getdoc(alias).split("Args:", 1)[1].split("Returns:", 1)[0]
     for parameter in inspect.signature(alias).parameters:
         assert f"\n  {parameter}: " in documented, f"{name}: {parameter} has no Args: entry"
+
+
+def test_total_steps_alone_takes_the_papers_omega():
+    """As the torch constructors: ω defaults to the paper's 4, T has no default."""
+    from danastar.optax.weight_decay import resolve_weight_decay
+
+    assert resolve_weight_decay(0.0, None, None, 1000) == \
+        resolve_weight_decay(0.0, None, 4.0, 1000) == (0.04, 100)

@@ -116,7 +116,6 @@ def one_param():
      ["weight_decay=0.05 with wd_ts=None"]),
     (lambda: ADana(one_param(), omega=4.0), ["omega needs total_steps as well",
                                              "ADana(params, lr=..., omega=4.0, total_steps=T)"]),
-    (lambda: DanaStar(one_param(), total_steps=1000), ["total_steps needs omega as well"]),
     (lambda: ADana(one_param(), omega=4.0, total_steps=1000, weight_decay=0.04),
      ["either as omega and total_steps", "or explicitly, ADana(params, lr=..., weight_decay=..., "
       "wd_ts=...), not both"]),
@@ -129,7 +128,7 @@ def one_param():
     (lambda: ADana(one_param(), omega=4.0, total_steps=10.5), ["a whole number"]),
     (lambda: ADana(one_param(), omega=-1.0, total_steps=100), ["omega must be >= 0"]),
 ], ids=["adamw-habit", "dana-star-0.01", "adamw-dwd-1e-3", "ademamix", "registry", "group",
-        "omega-alone", "total-steps-alone", "both-forms", "both-forms-wd-ts", "group-and-omega",
+        "omega-alone", "both-forms", "both-forms-wd-ts", "group-and-omega",
         "ademamix-coupled-omega", "zero-steps", "fractional-steps", "negative-omega"])
 def test_refusals_show_the_right_call(build, fragments):
     with pytest.raises(ValueError) as error:
@@ -256,3 +255,12 @@ def test_param_groups_on_torch_transformer_with_the_paper_form():
     with pytest.raises(ValueError, match="omega=4.0, total_steps=T"):
         ADana(param_groups(model, weight_decay=0.1), lr=1e-3)
     torch.optim.AdamW(param_groups(model, weight_decay=0.1), lr=1e-3)  # where it belongs
+
+
+@pytest.mark.parametrize("cls", [ADana, DanaStar, AdamWDecayingWD])
+def test_total_steps_alone_takes_the_papers_omega(cls):
+    """ω defaults to the paper's 4 (the value at every size it trained); T has no default."""
+    alone, given = cls(one_param(), total_steps=1000), cls(one_param(), omega=4.0,
+                                                             total_steps=1000)
+    assert [(g["weight_decay"], g["wd_ts"]) for g in alone.param_groups] == \
+        [(g["weight_decay"], g["wd_ts"]) for g in given.param_groups] == [(0.04, 100)]

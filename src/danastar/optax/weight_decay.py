@@ -31,6 +31,7 @@ from danastar.hparams import (
     FIX_EXPLICIT_FORM,
     FIX_PAPER_FORM,
     MAX_EARLY_DECAY,
+    PAPER_OMEGA,
     WD_TS_DIVISOR,
     check_non_negative,
     check_paper_form,
@@ -61,9 +62,10 @@ def resolve_weight_decay(weight_decay, wd_ts, omega, total_steps):
     ``optax.inject_hyperparams``, are taken as they are); warns
     (danastar.hparams.ShortRunWeightDecayWarning) when the run is too short for the decay."""
     if omega is not None or total_steps is not None:
-        check(omega is not None and total_steps is not None,
-              "give the paper's weight decay as both omega and total_steps (e.g. omega=4.0, "
-              "total_steps=T, T the run's length in optimizer steps)")
+        check(total_steps is not None,
+              "omega needs total_steps as well (e.g. omega=4.0, total_steps=T, T the run's "
+              "length in optimizer steps)")
+        omega = PAPER_OMEGA if omega is None else omega  # total_steps alone: the paper's
         check(not (is_python_number(weight_decay) and weight_decay != 0) and wd_ts is None,
               "give the weight decay either as omega and total_steps or as weight_decay and "
               "wd_ts, not both")

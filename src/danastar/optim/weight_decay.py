@@ -85,11 +85,11 @@ def resolve_weight_decay(owner: str, call: str, params, weight_decay: float,
     of its own (``params`` comes back as a list then, having been read)."""
     if omega is None and total_steps is None:
         return params, weight_decay, wd_ts
-    if omega is None or total_steps is None:
-        given, missing = ("omega", "total_steps") if omega is not None else (
-            "total_steps", "omega")
-        raise ValueError(f"{owner}: {given} needs {missing} as well: {call}, with T the run's "
+    if total_steps is None:
+        raise ValueError(f"{owner}: omega needs total_steps as well: {call}, with T the run's "
                          "length in optimizer steps")
+    if omega is None:  # total_steps alone: the paper's omega
+        omega = PAPER_OMEGA
     if weight_decay != 0 or wd_ts is not None:
         raise ValueError(f"{owner}: give the weight decay either as omega and total_steps, "
                          f"{call}, or explicitly, {owner}(params, lr=..., weight_decay=..., "
