@@ -115,6 +115,17 @@ def test_more_tokens_than_the_context_says_where_it_stopped(two_checkpoints, cap
            "2); ask for --tokens 30 or fewer" in captured.err
 
 
+def test_the_default_length_fits_the_context_without_a_warning(two_checkpoints, capsys):
+    """The command `train`'s `next:` line suggests has no --tokens: its default fills what the
+    context leaves (30 of 32 here, under the default 200) and says nothing about stopping."""
+    from danastar.cli import main
+
+    capsys.readouterr()
+    assert main(["generate", str(two_checkpoints), "--prompt", "1 2"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.split()) == 32 and "stopped" not in captured.err
+
+
 def test_a_corrupt_newest_checkpoint_is_named_when_an_older_one_is_used(two_checkpoints,
                                                                         tmp_path, capsys):
     run_dir = tmp_path / "run"

@@ -23,6 +23,7 @@ from pathlib import Path
 from danastar.errors import UserError
 
 DEVICES = re.compile(r"auto|cpu|cuda(?::([0-9]+))?")
+DEFAULT_TOKENS = 200  # new tokens when --tokens is not given, if the model's context has room
 
 
 def main(argv: list[str]) -> int:
@@ -31,14 +32,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("path", metavar="RUN_DIR|CHECKPOINT",
                         help="a run directory (its newest checkpoint) or one checkpoint folder")
     parser.add_argument("--prompt", default="", help="text to continue (default: none)")
-    parser.add_argument("--tokens", type=int, default=200, help="new tokens (default 200)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help=f"new tokens (default {DEFAULT_TOKENS}, or as many as the model's "
+                             "context leaves after the prompt)")
     parser.add_argument("--temperature", type=float, default=0.8,
                         help="0 is greedy (default 0.8)")
     parser.add_argument("--top_k", type=int, default=50, help="0 keeps all (default 50)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     args = parser.parse_args(argv)
-    if args.tokens < 1:
+    if args.tokens is not None and args.tokens < 1:
         raise UserError(f"--tokens {args.tokens} must be at least 1.")
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise UserError(f"--temperature {args.temperature:g} must be a finite number >= 0 (0 is "
@@ -78,8 +81,8 @@ def pick_device(requested: str):
     return torch.device("cuda", index)
 
 
-def generate(path: Path, prompt: str, *, tokens: int, temperature: float, top_k: int | None,
-             seed: int, device: str = "auto") -> str:
+def generate(path: Path, prompt: str, *, tokens: int | None, temperature: float,
+             top_k: int | None, seed: int, device: str = "auto") -> str:
     import torch
 
     from danastar.data.loader import TokenData
@@ -120,6 +123,8 @@ def generate(path: Path, prompt: str, *, tokens: int, temperature: float, top_k:
     if room < 1:
         raise UserError(f"--prompt is {len(ids)} tokens, as long as the model's context "
                         f"({context}); give a shorter --prompt.")
+    if tokens is None:  # the default fits the model: no more than its context leaves
+        tokens = min(DEFAULT_TOKENS, room)
     if tokens > room:
         _say(f"stopped after {room} new tokens, at the model's context of {context} tokens (the "
              f"prompt takes {len(ids)}); ask for --tokens {room} or fewer, or give a shorter "
