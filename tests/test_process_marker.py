@@ -1,5 +1,8 @@
 """The rule of `tests/conftest.py` that sorts tests into the in-process layer and `process`."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 
@@ -17,7 +20,11 @@ def test_every_cuda_test_is_a_process_test(request):
 def test_the_rule_marks_a_cuda_test_that_starts_nothing_itself():
     """The capture tests reach `torch.compile` only through danastar's `impl="compiled"`, which
     no reading of their code can see; the `cuda` marker alone decides."""
-    import conftest
+    # by its path: under xdist `import conftest` may find another folder's conftest.py
+    spec = importlib.util.spec_from_file_location("tests_root_conftest",
+                                                  Path(__file__).with_name("conftest.py"))
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
 
     class Item:
         nodeid = "tests/optim/test_example.py::test_on_a_gpu"

@@ -28,7 +28,8 @@ SPARSE = ["--arch", "enoki", "--moe", "--moe_num_experts", str(ROUTED),
           "--moe_num_experts_per_tok", "1", "--moe_softmax_order", "softmax_topk",
           "--moe_aux_loss_factor", "0", f"model.n_layer={LAYERS}", "model.n_embd=64",
           "--batch_size", "1", "--acc_steps", "1", "--sequence_length", "8", "--eval_interval", "1",
-          "--iterations", str(STEPS), "checkpoint.latest_every=-1"]
+          "--iterations", str(STEPS), "checkpoint.latest_every=-1",
+          "--omega", "0.4"]  # ω 4 would zero every expert matrix at the first step of 12
 STAR = [*SPARSE, "--opt", "dana-star-mk4", "--collect_tau_stats"]  # τ collected at step 10
 DENSE = ("--iterations", "40", "checkpoint.latest_every=3")  # test_loop's reference run
 
