@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # studies/common.py, which puts src/ on the path too
 sys.path.insert(0, str(HERE))
 
-from common import ROOT, figure_writer, fmt, pm  # noqa: E402
+from common import ROOT, figure_writer, fmt, paper_estimate, pm  # noqa: E402
 from study import (  # noqa: E402
     BASELINE,
     CORPORA,
@@ -42,7 +42,7 @@ from study import (  # noqa: E402
     warmup_steps,
 )
 
-from danastar.analysis import budgets, multiplier, plots, records, seeds  # noqa: E402
+from danastar.analysis import budgets, plots, records, seeds  # noqa: E402
 from danastar.errors import UserError  # noqa: E402
 
 OUT = ROOT / "docs" / "study-fair"
@@ -130,16 +130,10 @@ def papers(results: Results, corpus: str, recipe: str
     found = {}
     for horizon in results.horizons(corpus):
         for optimizer in results.optimizers(corpus)[1:]:
-            values, outside = [], False
-            for run in results.chosen_runs(corpus, horizon, optimizer, recipe):
-                points = sorted(curve.get(run.seed, []))
-                if len(points) < 2 or any(b[1] >= a[1] for a, b in zip(points, points[1:])):
-                    continue
-                (point,) = multiplier.measured_multipliers(points, [(run.pfh, run.final_loss)])
-                values.append(point.multiplier)
-                outside |= point.kind != multiplier.INTERPOLATED
-            if len(values) > 1:
-                found[(horizon, optimizer)] = (seeds.mean_se(values), outside)
+            estimate = paper_estimate(
+                curve, results.chosen_runs(corpus, horizon, optimizer, recipe))
+            if estimate is not None:
+                found[(horizon, optimizer)] = estimate
     return found
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -416,21 +415,12 @@ SCHEDULER = common.Scheduler(RECORDS, SWEEPS, plan)
 
 
 def main() -> None:
-    parser = common.driver_parser(__doc__.split("\n\n")[0], ("all", "run", "report", "status"),
-                                  "sweeps at a time (default 2, one thread each)")
-    args = parser.parse_args()
-    # Two one-thread runs side by side train about 15% more tokens per second on two cores than
-    # one two-thread run; set OMP_NUM_THREADS yourself to override.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if args.what == "status":
-        SCHEDULER.status()
-    if args.what in ("all", "run"):
-        prepare_prose()
-        SCHEDULER.run(args.runs, args.parallel)
-    if args.what in ("all", "report"):
-        from report import report  # noqa: PLC0415 (beside this file)
+    def report() -> None:
+        from report import report as rebuild  # noqa: PLC0415 (beside this file)
 
-        report()
+        rebuild()
+
+    common.scheduled_main(__doc__.split("\n\n")[0], SCHEDULER, report, before_run=prepare_prose)
 
 
 if __name__ == "__main__":

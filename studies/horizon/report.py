@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # studies/common.py, which puts src/ on the path too
 sys.path.insert(0, str(HERE))
 
-from common import ROOT, figure_writer, fmt, pm  # noqa: E402
+from common import ROOT, figure_writer, fmt, paper_estimate, pm  # noqa: E402
 from study import ABLATIONS, BASELINE, EXTRA, HEADS, HORIZONS, REQUIRED  # noqa: E402
 
 from danastar.analysis import budgets, multiplier, plots, records, seeds  # noqa: E402
@@ -137,16 +137,9 @@ def papers(horizons: list[Horizon]) -> dict[tuple[int, str], tuple[seeds.MeanSE,
         for optimizer in OPTIMIZERS:
             if optimizer == BASELINE:
                 continue
-            values, outside = [], False
-            for run in h.at_steps(optimizer):
-                points = sorted(curve.get(run.seed, []))
-                if len(points) < 2 or any(b[1] >= a[1] for a, b in zip(points, points[1:])):
-                    continue
-                (point,) = multiplier.measured_multipliers(points, [(run.pfh, run.final_loss)])
-                values.append(point.multiplier)
-                outside |= point.kind != multiplier.INTERPOLATED
-            if len(values) > 1:
-                result[(h.horizon, optimizer)] = (seeds.mean_se(values), outside)
+            estimate = paper_estimate(curve, h.at_steps(optimizer))
+            if estimate is not None:
+                result[(h.horizon, optimizer)] = estimate
     return result
 
 
