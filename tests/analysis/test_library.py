@@ -264,3 +264,15 @@ def test_wall_time_of_a_run_that_ran_in_one_go(tmp_path):
     (run_dir / "run.json").write_text(json.dumps({"starts": [{"at": "2026-11-23T10:00:00Z"},
                                                              {"at": "2026-11-23T10:01:00Z"}]}))
     assert read_run(run_dir).wall_seconds is None  # resumed: the gap between starts is unknown
+
+
+def test_a_convex_fit_whose_vertex_lies_outside_the_swept_lrs_has_no_minimum():
+    """A loss still falling at the sweep's low edge fits a parabola whose vertex lies far below
+    every swept LR (the plot once starred lr* = 3.6e-17): no minimum, no curvature counted."""
+    lrs = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
+    losses = [3.0, 3.1, 3.25, 3.45, 3.7]  # rising, slightly convex
+    p = sensitivity.fit_parabola(list(zip(lrs, losses)))
+    assert p.curvature > 0 and not p.has_minimum and math.isnan(p.best_lr)
+    inside = sensitivity.fit_parabola([(lr, 3.0 + 0.1 * math.log(lr / 4e-3) ** 2) for lr in lrs])
+    assert inside.has_minimum
+    assert sensitivity.mean_curvature([p, inside]) == pytest.approx(inside.curvature)

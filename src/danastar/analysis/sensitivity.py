@@ -33,7 +33,12 @@ class Parabola:
 
     @property
     def has_minimum(self) -> bool:
-        return self.A > 0
+        """A minimum inside the LRs it was fitted on: a convex fit whose vertex lies outside
+        them (a loss still falling at the sweep's edge) is a trend, not an optimum."""
+        if self.A <= 0:
+            return False
+        vertex = -self.B / (2 * self.A)  # in ln lr
+        return math.log(min(self.lrs)) <= vertex <= math.log(max(self.lrs))
 
     @property
     def best_lr(self) -> float:
