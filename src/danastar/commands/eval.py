@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from danastar.errors import UserError
+from danastar.machine import check_cuda_device
 
 
 def main(argv: list[str]) -> int:
@@ -69,12 +70,5 @@ def check_device(requested: str) -> None:
     if text == "mps" and not torch.backends.mps.is_available():
         raise UserError("--device mps asks for Apple's GPU, which is not available here; use "
                         "--device cpu.")
-    if not text.startswith("cuda"):
-        return
-    if not torch.cuda.is_available():
-        raise UserError(f"--device {requested} asks for a GPU, but no CUDA device is visible; "
-                        "use --device cpu.")
-    index, count = int(match.group(1) or 0), torch.cuda.device_count()
-    if index >= count:
-        raise UserError(f"--device {requested}: {count} CUDA device(s) are visible (cuda:0 to "
-                        f"cuda:{count - 1}); name one of them.")
+    if text.startswith("cuda"):
+        check_cuda_device(requested, int(match.group(1) or 0), "--device cpu")

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from danastar.errors import UserError
+from danastar.machine import check_cuda_device
 
 DEVICES = re.compile(r"auto|cpu|cuda(?::([0-9]+))?")
 DEFAULT_TOKENS = 200  # new tokens when --tokens is not given, if the model's context has room
@@ -71,13 +72,8 @@ def pick_device(requested: str):
         raise UserError(f"--device {requested!r} is not known; use auto, cpu, cuda or cuda:N.")
     if text == "cpu" or (text == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise UserError(f"--device {requested} asks for a GPU, but no CUDA device is visible; "
-                        "use --device cpu (or auto).")
-    index, count = int(match.group(1) or 0), torch.cuda.device_count()
-    if index >= count:
-        raise UserError(f"--device {requested}: {count} CUDA device(s) are visible (cuda:0 to "
-                        f"cuda:{count - 1}); name one of them.")
+    index = int(match.group(1) or 0)
+    check_cuda_device(requested, index, "--device cpu (or auto)")
     return torch.device("cuda", index)
 
 
