@@ -8,21 +8,42 @@ parallelism each matrix is orthogonalised whole, never shard by shard (`orthogon
 Token embeddings (names ending in ``embed.weight``), the output head (``lm_head.weight``) and all
 1-D parameters go to ``torch.optim.AdamW`` with betas (0.8, 0.999). Both use coupled weight
 decay; every incoming group keeps its own ``weight_decay``.
+
+It refuses what the other optimizers refuse, in their sentences: a complex, integer or boolean
+parameter (``check_parameters``), and at ``load_state_dict`` a state it did not save
+(`MuonWithAdamW.foreign_state_refusal`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
+from .base import check_parameters
 from .dtensors import is_dtensor
+from .state_origin import origins, saved_keys
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
 ADAMW_ONLY_SUFFIXES = ("embed.weight", "lm_head.weight")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One of MuonWithAdamW's two optimizers, as its saved state is recognised."""
+
+    title: str
+    origin: str  # what `state_origin.origins` calls the groups it saves
+    state: tuple[str, ...]  # what it keeps per parameter (AdamW's max_exp_avg_sq: amsgrad only)
+
+
+PARTS = {"muon": Part("Muon", "torch.optim.Muon", ("momentum_buffer",)),
+         "adamw": Part("AdamW", "torch.optim.AdamW",
+                       ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"))}
 
 
 def uses_muon(name: str | None, param: torch.Tensor) -> bool:
@@ -112,6 +133,38 @@ class StackedMuon(torch.optim.Muon):
         return loss
 
 
+def as_group_dicts(params) -> list[dict]:
+    """``params`` as param-group dicts holding a list of tensors each: from tensors, ``(name,
+    tensor)`` pairs (their names become the group's ``"names"``) or group dicts."""
+    groups = list(params)
+    if groups and not isinstance(groups[0], dict):
+        groups = [{"params": groups}]
+    return [with_tensor_list(group) for group in groups]
+
+
+def with_tensor_list(group: dict) -> dict:
+    params = group["params"]
+    params = [params] if torch.is_tensor(params) else list(params)
+    group = {**group, "params": params}  # never the caller's dict
+    if params and isinstance(params[0], tuple):
+        group["names"] = [name for name, _ in params]
+        group["params"] = [param for _, param in params]
+    return group
+
+
+def part_of(group: dict) -> str:
+    """Which part steps a param group (a key of PARTS), by the keys its optimizer gave it."""
+    return "muon" if "ns_steps" in group else "adamw"
+
+
+def is_part_state(part: str, saved_group: dict, saved_state: dict) -> bool:
+    """Whether a saved param group, with its parameters' state, is one that ``part`` saved."""
+    state = {index: saved_state[index] for index in saved_group["params"] if index in saved_state}
+    group_keys, state_keys = saved_keys({"param_groups": [saved_group], "state": state})
+    return (PARTS[part].origin in origins(group_keys, state_keys, [saved_group])
+            and state_keys <= set(PARTS[part].state))
+
+
 def split_groups(groups: list[dict]) -> tuple[list[dict], list[dict]]:
     """Split each param group into its Muon part and its AdamW part (other keys kept)."""
     muon_groups, adamw_groups = [], []
@@ -133,8 +186,9 @@ def split_groups(groups: list[dict]) -> tuple[list[dict], list[dict]]:
 
 class MuonWithAdamW(torch.optim.Optimizer):
     """One optimizer over two: its ``param_groups`` are the Muon groups then the AdamW groups
-    (the same dicts the inner optimizers read), and its ``state`` is shared with both, so LR
-    schedulers, ``state_dict`` and ``load_state_dict`` see a single ordinary optimizer.
+    (the same dicts the inner optimizers read; groups added later follow, split alike), and its
+    ``state`` is shared with both, so LR schedulers, ``state_dict`` and ``load_state_dict`` see a
+    single ordinary optimizer.
 
     Args:
         params: tensors, ``(name, tensor)`` groups or param-group dicts with a ``"names"`` list;
@@ -150,33 +204,37 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     def __init__(self, params, lr, *, weight_decay=0.0, momentum=0.95, nesterov=True,
                  betas=(0.8, 0.999), eps=1e-8, ns_steps=5):
-        groups = list(params)
-        if groups and not isinstance(groups[0], dict):
-            groups = [{"params": groups}]
+        groups = as_group_dicts(params)
+        for group in groups:
+            check_parameters(group["params"])
+        # what each part is built with (kept: a group added later may be a new part's first)
+        self.part_options = {
+            "muon": dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                         ns_steps=ns_steps, adjust_lr_fn="match_rms_adamw"),
+            "adamw": dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay),
+        }
         muon_groups, adamw_groups = split_groups(groups)
-        self.muon = StackedMuon(
-            muon_groups, lr=lr, weight_decay=weight_decay, momentum=momentum,
-            nesterov=nesterov, ns_steps=ns_steps, adjust_lr_fn="match_rms_adamw",
-        ) if muon_groups else None
-        self.adamw = torch.optim.AdamW(
-            adamw_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-        ) if adamw_groups else None
-        inner_groups = [g for opt in self._inner() for g in opt.param_groups]
+        muon = StackedMuon(muon_groups, **self.part_options["muon"]) if muon_groups else None
+        adamw = torch.optim.AdamW(adamw_groups, **self.part_options["adamw"]) \
+            if adamw_groups else None
+        inner_groups = [g for opt in (muon, adamw) if opt is not None for g in opt.param_groups]
         super().__init__(inner_groups, dict(lr=lr, weight_decay=weight_decay))
-        for group in self.param_groups:
-            group.setdefault("initial_lr", group["lr"])
+        # set after torch's constructor, whose add_param_group calls take the parts' groups as
+        # they are (see add_param_group)
+        self.muon, self.adamw = muon, adamw
         self._share_groups_and_state()
 
     def _inner(self) -> list[torch.optim.Optimizer]:
         return [opt for opt in (self.muon, self.adamw) if opt is not None]
 
     def _share_groups_and_state(self) -> None:
-        start = 0
-        for opt in self._inner():
-            count = len(opt.param_groups)
-            opt.param_groups = self.param_groups[start:start + count]
-            opt.state = self.state
-            start += count
+        for group in self.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        for name in PARTS:
+            part = getattr(self, name)
+            if part is not None:
+                part.param_groups = [g for g in self.param_groups if part_of(g) == name]
+                part.state = self.state
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -188,12 +246,79 @@ class MuonWithAdamW(torch.optim.Optimizer):
             opt.step()
         return loss
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)  # replaces the group dicts and the state
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group split as the constructor splits them, its hidden matrices to Muon and the
+        rest to AdamW (torch's own would keep it here, where neither part steps it). Refused, and
+        nothing kept, with a parameter the update would get wrong or one already in a group."""
+        if "muon" not in self.__dict__:  # from torch's constructor: the parts' groups, as built
+            super().add_param_group(param_group)
+            return
+        (group,) = as_group_dicts([param_group])
+        check_parameters(group["params"])
+        held = {id(param) for held_group in self.param_groups for param in held_group["params"]}
+        if any(id(param) in held for param in group["params"]):
+            raise ValueError("some parameters appear in more than one parameter group")
+        muon_groups, adamw_groups = split_groups([group])
+        for name, split in (("muon", muon_groups), ("adamw", adamw_groups)):
+            self.param_groups += [self._add_to_part(name, part) for part in split]
         self._share_groups_and_state()
 
+    def _add_to_part(self, name: str, group: dict) -> dict:
+        """``group`` added to the part ``name`` (built with it where the part had no group
+        yet); returns it as that part filled it in."""
+        part = getattr(self, name)
+        if part is None:
+            build = StackedMuon if name == "muon" else torch.optim.AdamW
+            part = build([group], **self.part_options[name])
+            setattr(self, name, part)
+        else:
+            part.add_param_group(group)
+        return part.param_groups[-1]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load, refusing first a state this optimizer did not save (see
+        `foreign_state_refusal`), as the state dict stands after every registered pre-hook."""
+        def refuse_foreign(optimizer, final_state_dict):  # registered last
+            refusal = optimizer.foreign_state_refusal(final_state_dict)
+            if refusal is not None:  # before anything is loaded
+                raise ValueError(refusal)
+
+        handle = self.register_load_state_dict_pre_hook(refuse_foreign)
+        try:
+            super().load_state_dict(state_dict)  # replaces the group dicts and the state
+        finally:
+            handle.remove()
+        self._share_groups_and_state()
+
+    def foreign_state_refusal(self, state_dict: dict) -> str | None:
+        """The sentence refusing ``state_dict``, or None when it is this optimizer's: each saved
+        group the same part's (Muon or AdamW) as the group in its place here, of as many
+        parameters, holding that part's state only. torch would load any state with as many
+        parameters per group, and another optimizer's (ADana's, torch AdamW's) then failed at a
+        step, or set a Muon group's hyperparameters on an AdamW one."""
+        saved_groups = state_dict.get("param_groups", [])
+        parts = [part_of(group) for group in self.param_groups]
+        if len(saved_groups) == len(parts) and all(
+                len(saved["params"]) == len(group["params"])
+                and is_part_state(part, saved, state_dict.get("state", {}))
+                for part, group, saved in zip(parts, self.param_groups, saved_groups)):
+            return None
+        group_keys, state_keys = saved_keys(state_dict)
+        found = origins(group_keys, state_keys, saved_groups)
+        origin = ("a MuonWithAdamW over other parameters" if "MuonWithAdamW" in found
+                  else " or ".join(sorted(found)))
+        state = ", ".join(sorted(state_keys)) or "no state yet"
+        own = " and ".join(
+            f"{count} of {PARTS[part].title} (state {', '.join(sorted(PARTS[part].state))})"
+            for part in PARTS if (count := parts.count(part)))
+        return (f"MuonWithAdamW.load_state_dict: this state dict comes from {origin} "
+                f"(per-parameter state: {state}), not from MuonWithAdamW over these parameters, "
+                f"whose param groups are {own}; load it into the optimizer that saved it, or "
+                f"give MuonWithAdamW a state dict it saved")
+
     def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "muon": self.muon, "adamw": self.adamw}
+        return {**super().__getstate__(), "muon": self.muon, "adamw": self.adamw,
+                "part_options": self.part_options}
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)

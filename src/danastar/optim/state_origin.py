@@ -39,6 +39,9 @@ def origins(group_keys: set[str], state_keys: set[str], groups: Iterable[dict]) 
         return {"AdEMAMix"}
     if {"betas", "wd_ts"} <= group_keys:
         return {"AdamWDecayingWD"}
+    if {"ns_coefficients", "ns_steps"} <= group_keys:  # torch's Muon, alone or with AdamW
+        return {"MuonWithAdamW"} if "betas" in group_keys else {"MuonWithAdamW",
+                                                                "torch.optim.Muon"}
     if {"betas", "amsgrad"} <= group_keys:  # torch's Adam family
         decoupled = any(group.get("decoupled_weight_decay") for group in groups)
         return {"torch.optim.AdamW" if decoupled else "torch.optim.Adam"}
