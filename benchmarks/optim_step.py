@@ -62,13 +62,10 @@ DANASTAR = {
     "dana-star-mk4": (DanaStar, {"clipsnr": 2.0, **DECAY}, 3),
     "adamw-decaying-wd": (AdamWDecayingWD, {**DECAY}, 2), "ademamix": (AdEMAMix, {}, 3),
 }
-FOREACH = ("adana", "dana-mk4", "dana-star", "dana-star-mk4")  # those with a foreach path
-for impl in ("foreach", "compiled", "reference"):
+for impl in ("compiled", "reference"):
     for name, (cls, settings, buffers) in DANASTAR.items():
-        if impl != "foreach" or name in FOREACH:
-            CANDIDATES[f"{name} {impl}"] = (
-                lambda ps, lr, c=cls, s=settings, i=impl: c(ps, lr=lr, **s, impl=i), buffers,
-                "wide")
+        CANDIDATES[f"{name} {impl}"] = (
+            lambda ps, lr, c=cls, s=settings, i=impl: c(ps, lr=lr, **s, impl=i), buffers, "wide")
 for name, (cls, settings, buffers) in DANASTAR.items():
     CANDIDATES[f"{name} compiled, bf16 state"] = (
         lambda ps, lr, c=cls, s=settings: c(ps, lr=lr, **s, impl="compiled",
@@ -186,8 +183,8 @@ def main(argv=None):
                         help="candidate names, or substrings of them, to run (the baseline always "
                              "runs)")
     parser.add_argument("--max-slow-size", type=float, default=None,
-                        help="skip the multi-pass paths (reference, foreach) above this size "
-                             "(default: 1e7 on CPU, where they take seconds; none on CUDA)")
+                        help="skip the multi-pass paths (reference, torch's foreach) above this "
+                             "size (default: 1e7 on CPU, where they take seconds; none on CUDA)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--layers", type=int, default=LAYERS,
                         help="layers of the transformer-like mix (six tensors each; default "
@@ -273,7 +270,7 @@ def measure_size(args, device, shapes, dtype: torch.dtype) -> list[dict]:
             key in name for key in args.only if key not in CANDIDATES)
         if name != BASELINE and not selected:
             continue
-        slow_path = " reference" in name or name.endswith(" foreach")
+        slow_path = " reference" in name
         if slow_path and numel > args.max_slow_size:
             continue
         if args.compile_only and "compiled" not in name:

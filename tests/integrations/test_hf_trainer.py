@@ -17,7 +17,7 @@ from danastar.integrations.hf import (  # noqa: E402
     optimizer_cls_and_kwargs,
 )
 from danastar.optim import ADana, DanaStar, ShortRunWeightDecayWarning  # noqa: E402
-from danastar.optim.base import schedule_factor  # noqa: E402
+from danastar.optim.group_scalars import schedule_factor  # noqa: E402
 
 
 @pytest.fixture

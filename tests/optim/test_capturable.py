@@ -143,12 +143,12 @@ def test_a_checkpoint_loads_into_the_other_mode_and_resumes_bitwise(saved_captur
     assert_same(*reference, params, resumed)
 
 
-def test_capturable_refuses_flat_buffers_and_the_foreach_path():
+def test_capturable_refuses_flat_buffers():
     params = make_params(torch.float32)
     with pytest.raises(ValueError, match="drop flat=True or capturable=True"):
         ADana(params, capturable=True, flat=True)
-    with pytest.raises(ValueError, match="impl='foreach' has no capturable path"):
-        DanaStar(params, capturable=True, impl="foreach")
+    with pytest.raises(ValueError, match="drop flat=True or capturable=True"):
+        DanaStar(params, capturable=True, flat=True, impl="compiled")
 
 
 class HostReads(TorchDispatchMode):

@@ -145,13 +145,12 @@ def test_one_step_is_the_float32_step_with_the_state_rounded(name):
 @pytest.mark.parametrize("name", [
     "dana-star-mk4", *(pytest.param(name, marks=pytest.mark.slow)
                        for name in ("dana-mk4", "adamw-decaying-wd", "ademamix"))])
-def test_compiled_and_foreach_paths_match_the_reference(name):
+def test_compiled_path_matches_the_reference(name):
     """Ten steps with bf16 state (and bf16 parameters stochastically rounded): the paths draw
     the same random bits, so they agree to float32 rounding of the working values."""
     reference_params = make_params(torch.bfloat16)
     train(name, reference_params, 10, state_dtype="bfloat16", stochastic_rounding=True)
-    impls = ["compiled"] + (["foreach"] if OPTIMIZERS[name][0] in (ADana, DanaStar) else [])
-    for impl in impls:
+    for impl in ["compiled"]:
         params = make_params(torch.bfloat16)
         train(name, params, 10, impl, state_dtype="bfloat16", stochastic_rounding=True)
         for got, want in zip(params, reference_params):

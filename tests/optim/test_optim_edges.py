@@ -25,8 +25,8 @@ from danastar.optim import (
     build_optimizer,
     log_time_weight_decay,
 )
-from danastar.optim.base import decay_multiplier as torch_decay_multiplier
-from danastar.optim.paths import compiled_available
+from danastar.optim.group_scalars import decay_multiplier as torch_decay_multiplier
+from danastar.optim.runners import compiled_available
 
 # Every constructor with the independent, decaying weight decay.
 DECAYING = {
@@ -38,7 +38,6 @@ DECAYING = {
 # The paths a group can step on, as constructor options.
 PATHS = {
     "reference": {"impl": "reference"},
-    "foreach": {"impl": "foreach"},
     "flat": {"impl": "reference", "flat": True},
     "capturable": {"impl": "reference", "capturable": True},
     "bf16-state": {"impl": "reference", "state_dtype": torch.bfloat16},

@@ -1,4 +1,4 @@
-"""The foreach and compiled paths against the reference path."""
+"""The compiled path against the reference path."""
 
 import pytest
 import torch
@@ -47,15 +47,6 @@ def assert_paths_agree(result, reference, dtype):
         torch.testing.assert_close(got, want, **tolerance)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("variant", list(DANA_VARIANTS))
-def test_foreach_matches_reference(variant, dtype):
-    cls, hparams = DANA_VARIANTS[variant]
-    reference = train(cls, make_params([dtype] * 4), "reference", 30, **hparams, **HPARAMS)
-    result = train(cls, make_params([dtype] * 4), "foreach", 30, **hparams, **HPARAMS)
-    assert_paths_agree(result, reference, dtype)
-
-
 @pytest.mark.parametrize("cls, hparams", [
     (ADana, {"clipsnr": 2.0}),
     (DanaStar, {"clipsnr": 2.0}),
@@ -85,6 +76,7 @@ def test_automatic_choice_and_compile_fallback(monkeypatch):
     """Small CPU groups use the reference loop; large ones compile; a failed compile falls back
     (with a warning) when the path was chosen automatically, and raises when it was asked for."""
     from danastar.optim import base
+    from danastar.optim.runners import compiled
 
     small = [torch.zeros(10, requires_grad=True)]
     assert ADana(small, lr=1e-3).resolve_impl(small) == "reference"
@@ -92,12 +84,12 @@ def test_automatic_choice_and_compile_fallback(monkeypatch):
     monkeypatch.setattr(base, "CPU_COMPILE_MIN_ELEMENTS", 0)
     assert ADana(small, lr=1e-3).resolve_impl(small) == "compiled"
 
-    def broken_compiler():
+    def broken_compiler(loop):
         def fail(*args):
             raise RuntimeError("no C++ compiler")
         return fail
 
-    monkeypatch.setattr(base, "compile_per_tensor_runner", broken_compiler)
+    monkeypatch.setattr(compiled, "compile_copy", broken_compiler)
     automatic, reference = make_params([torch.float32] * 4), make_params([torch.float32] * 4)
     with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
         train(ADana, automatic, None, 3)

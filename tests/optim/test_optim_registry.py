@@ -107,7 +107,7 @@ def test_pytorch_optimizer_names():
     ("adana", {"weight_decay": -0.1}, "weight_decay must be >= 0"),
     ("adana", {"wd_ts": 0}, "wd_ts must be None or > 0"),
     ("adana", {"impl": "triton"}, "impl must be one of"),
-    ("adamw-decaying-wd", {"impl": "foreach"}, "impl must be one of"),
+    ("dana-star", {"impl": "foreach"}, "impl='foreach' is no longer a path: use impl='compiled'"),
     ("adamw-decaying-wd", {"betas": (0.9, 1.0)}, "betas must each be in [0, 1)"),
     ("ademamix", {"betas": (0.9, 0.999)}, "betas must be (beta1, beta2, beta3)"),
     ("ademamix", {"alpha_warmup": 0}, "alpha_warmup must be None or > 0"),

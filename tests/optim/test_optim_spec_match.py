@@ -75,7 +75,7 @@ DANA = {
 }
 
 
-@pytest.mark.parametrize("impl", ["reference", "foreach"])
+@pytest.mark.parametrize("impl", ["reference"])
 @pytest.mark.parametrize("weight_decay", WEIGHT_DECAYS, ids=["no-wd", "wd", "wd-decaying"])
 @pytest.mark.parametrize("name", list(DANA))
 def test_dana_family_matches_spec(name, weight_decay, impl):
@@ -93,7 +93,7 @@ def test_a_small_clipsnr_binds_in_the_spec():
 
 
 # The compiled path builds its kernel with a C++ compiler: a `process` test.
-@pytest.mark.parametrize("impl", ["reference", "foreach",
+@pytest.mark.parametrize("impl", ["reference",
                                   pytest.param("compiled", marks=pytest.mark.process)])
 @pytest.mark.parametrize("name, star", [("dana-mk4", False), ("dana-star-mk4", True)])
 def test_snr_clipping_matches_spec_when_it_binds(name, star, impl):

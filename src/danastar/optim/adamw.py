@@ -13,8 +13,8 @@ import torch
 
 from danastar.hparams import check, check_betas, check_non_negative, check_positive_or_none
 
-from .base import DEFAULT_LR, PerTensorOptimizer, decay_multiplier
-from .paths import working_copy, write_back
+from .base import DEFAULT_LR, PerTensorOptimizer
+from .group_scalars import decay_multiplier
 from .scalar_math import divide, sqrt
 from .weight_decay import (
     check_constant_decay,
@@ -22,6 +22,7 @@ from .weight_decay import (
     resolve_weight_decay,
     warn_if_too_short,
 )
+from .working import working_copy, write_back
 
 
 def adamw_decaying_wd_scalars(k, lr, schedule_factor, *, betas, weight_decay, wd_ts):

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import (
-    decay_multiplier,
-)
-from .dana_family import DanaBase, foreach_log_time_moments
-from .paths import finish_foreach, working_copies, working_copy, write_back
+from .dana_family import DanaBase
+from .group_scalars import decay_multiplier
 from .scalar_math import divide
+from .working import working_copy, write_back
 
 
 def adana_scalars(k, lr, schedule_factor, *, delta, kappa, weight_decay, wd_ts):
@@ -63,23 +61,6 @@ def adana_update(param, grad, m, v, *, a, boost, lr, decay, clipsnr, eps):
     write_back(param, work)
 
 
-def adana_foreach_update(params, grads, ms, vs, *, a, boost, lr, decay, clipsnr, eps):
-    """`adana_update` over lists of tensors (Python-float scalars)."""
-    work, grads = working_copies(params, grads, ms)
-    denom = foreach_log_time_moments(ms, vs, grads, a, eps)
-    damping = torch._foreach_abs(ms)
-    torch._foreach_div_(damping, denom)
-    torch._foreach_mul_(damping, boost)
-    if clipsnr is not None:
-        torch._foreach_clamp_max_(damping, clipsnr)
-    torch._foreach_mul_(damping, torch._foreach_sign(ms))
-    direction = torch._foreach_div(grads, denom)
-    torch._foreach_add_(direction, damping)
-    torch._foreach_addcdiv_(direction, ms, denom)
-    torch._foreach_add_(work, direction, alpha=-lr)
-    finish_foreach(params, work, decay)
-
-
 class ADana(DanaBase):
     """ADana (``clipsnr=None``) and Dana-MK4 (``clipsnr=2.0``).
 
@@ -100,10 +81,9 @@ class ADana(DanaBase):
             ``wd_ts = total_steps // 10`` and ``weight_decay = omega / wd_ts`` (ω = 4 in the
             paper; total_steps is the run's length T in optimizer steps).
         eps: added to sqrt(v) in the denominator D.
-        impl: the path: "reference" (plain per-tensor loop, any dtype), "foreach"
-            (torch._foreach_* multi-tensor ops), "compiled" (torch.compile over the group's
-            tensor lists), or None (automatic: compiled, except the reference loop for small
-            groups on CPU).
+        impl: the path: "reference" (plain per-tensor loop, any dtype), "compiled"
+            (torch.compile over the group's tensor lists), or None (automatic: compiled, except
+            the reference loop for small groups on CPU).
         state_dtype: torch.float32 (default) or torch.bfloat16: m and v kept in bf16 with
             stochastic rounding on every write (the update computes in float32).
         stochastic_rounding: round bf16 parameters stochastically too.
@@ -115,14 +95,13 @@ class ADana(DanaBase):
             scalars there, so that ``step()`` reads nothing on the host and a CUDA graph can
             capture it (as torch's Adam(capturable=True)); a float ``group["lr"]`` is then a
             constant of the graph, a 0-dim tensor on the device can be changed between replays.
-            Not with ``flat=True`` or ``impl="foreach"``.
+            Not with ``flat=True``.
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq")
     step_scalars = staticmethod(adana_scalars)
     scalar_constants = ("delta", "kappa", "weight_decay", "wd_ts")
     update = staticmethod(adana_update)
-    foreach_update = staticmethod(adana_foreach_update)
 
     def diagnostic_terms(self, state, k, group):
         denom = state["exp_avg_sq"].sqrt() + group["eps"]

@@ -23,19 +23,7 @@ from .weight_decay import (
     warn_if_too_short,
 )
 
-__all__ = ["DEFAULT_CLIPSNR", "DEFAULT_DELTA", "DEFAULT_KAPPA", "DanaBase",
-           "foreach_log_time_moments"]
-
-
-def foreach_log_time_moments(ms, vs, grads, a, eps):
-    """The DANA family's moment update over lists: m <- lerp(m, g, a), v <- (1 - a) v + a g^2;
-    returns the denominators D = sqrt(v) + eps."""
-    torch._foreach_lerp_(ms, grads, a)
-    torch._foreach_mul_(vs, 1 - a)
-    torch._foreach_addcmul_(vs, grads, grads, value=a)
-    denom = torch._foreach_sqrt(vs)
-    torch._foreach_add_(denom, eps)
-    return denom
+__all__ = ["DEFAULT_CLIPSNR", "DEFAULT_DELTA", "DEFAULT_KAPPA", "DanaBase"]
 
 
 def check_dana_hyperparameters(lr, delta, kappa, clipsnr, weight_decay, wd_ts, eps):

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import (
-    decay_multiplier,
-)
-from .dana_family import DanaBase, foreach_log_time_moments
-from .paths import finish_foreach, working_copies, working_copy, write_back
+from .dana_family import DanaBase
+from .group_scalars import decay_multiplier
 from .scalar_math import divide
+from .working import working_copy, write_back
 
 
 def dana_star_scalars(k, lr, schedule_factor, *, delta, weight_decay, wd_ts):
@@ -85,45 +83,6 @@ def dana_star_update(param, grad, m, v, tau, *, a, k, tau_floor, lr, decay, kapp
     write_back(param, work)
 
 
-def dana_star_foreach_update(params, grads, ms, vs, taus, *, a, k, tau_floor, lr, decay, kappa,
-                             clipsnr, eps):
-    """`dana_star_update` over lists of tensors (Python-float scalars)."""
-    work, grads = working_copies(params, grads, ms)
-    denom = foreach_log_time_moments(ms, vs, grads, a, eps)
-
-    grad_size = torch._foreach_abs(grads)
-    frequency = torch._foreach_div(grad_size, torch._foreach_add(grad_size, denom))
-    torch._foreach_lerp_(taus, frequency, a)
-
-    tau_hat = torch._foreach_clamp_max(taus, 0.5)
-    one_minus = torch._foreach_neg(tau_hat)
-    torch._foreach_add_(one_minus, 1)
-    tau_reg = torch._foreach_div(tau_hat, one_minus)
-    torch._foreach_clamp_min_(tau_reg, tau_floor)
-    effective_time = torch._foreach_mul(taus, k)
-    torch._foreach_clamp_min_(effective_time, 1)
-    torch._foreach_log_(effective_time)
-    torch._foreach_mul_(effective_time, 1 - kappa)
-    torch._foreach_exp_(effective_time)
-
-    norm = torch._foreach_sqrt(tau_reg)
-    torch._foreach_div_(norm, denom)
-    m_size = torch._foreach_abs(ms)
-    damping = torch._foreach_mul(m_size, norm)
-    torch._foreach_div_(damping, tau_reg)
-    torch._foreach_mul_(damping, effective_time)
-    if clipsnr is not None:
-        torch._foreach_clamp_max_(damping, clipsnr)
-
-    momentum_term = torch._foreach_mul(tau_reg, damping)
-    torch._foreach_addcmul_(momentum_term, m_size, norm)
-    torch._foreach_mul_(momentum_term, torch._foreach_sign(ms))
-    direction = torch._foreach_mul(grads, norm)
-    torch._foreach_add_(direction, momentum_term)
-    torch._foreach_add_(work, direction, alpha=-lr)
-    finish_foreach(params, work, decay)
-
-
 class DanaStar(DanaBase):
     """Dana-Star (``clipsnr=None``) and Dana-Star-MK4 (``clipsnr=2.0``).
 
@@ -143,7 +102,7 @@ class DanaStar(DanaBase):
             ``wd_ts = total_steps // 10`` and ``weight_decay = omega / wd_ts`` (ω = 4 in the
             paper; total_steps is the run's length T in optimizer steps).
         eps: added to sqrt(v) in the denominator D.
-        impl: "reference", "foreach", "compiled" or None (automatic), as for :class:`ADana`.
+        impl: "reference", "compiled" or None (automatic), as for :class:`ADana`.
         state_dtype, stochastic_rounding, flat, capturable: as for :class:`ADana`.
     """
 
@@ -152,7 +111,6 @@ class DanaStar(DanaBase):
     scalar_constants = ("delta", "weight_decay", "wd_ts")
     update = staticmethod(dana_star_update)
     update_constants = ("kappa", "clipsnr", "eps")
-    foreach_update = staticmethod(dana_star_foreach_update)
 
     def diagnostic_terms(self, state, k, group):
         denom = state["exp_avg_sq"].sqrt() + group["eps"]

@@ -15,3 +15,8 @@ DTENSOR_MODULE = "torch.distributed.tensor"
 def is_dtensor(tensor: torch.Tensor) -> bool:
     module = sys.modules.get(DTENSOR_MODULE)
     return module is not None and isinstance(tensor, module.DTensor)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor a rank owns: the local shard of a DTensor (sharing its storage), else itself."""
+    return tensor.to_local() if is_dtensor(tensor) else tensor

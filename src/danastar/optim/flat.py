@@ -62,9 +62,6 @@ class FlatLayout:
     buffers: list[torch.Tensor]  # 1-D: one per state buffer name
     param_pointers: list[int]  # each parameter's data_ptr() when the layout was built
 
-    # The packed step counts (`PerTensorOptimizer._advance`) this layout advanced last.
-    packed_steps: object = None
-
     def __post_init__(self):
         self.small_set = frozenset(self.small)
 

@@ -24,9 +24,17 @@ draw unsharded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .dtensors import is_dtensor
+from .working import working_dtype
+
+# The per-step scalar that carries the step count into the rounding's random bits, and the
+# per-tensor argument that carries the tensor's key (its salt and `shard_layout`).
+ROUNDING_STEP = "rounding_step"
+ROUNDING_KEY = "rounding_key"
 
 MASK32 = 0xFFFFFFFF
 HASH_MULTIPLIER = 0x45D9F3B  # < 2**27, so products of 32-bit values stay exact in int64
@@ -121,3 +129,27 @@ def store(target: torch.Tensor, value: torch.Tensor, draw: torch.Tensor | None) 
     """Write a working value into a lower-precision tensor: stochastically rounded when
     ``draw`` is given, else rounded to nearest."""
     target.copy_(value if draw is None else stochastic_round(value, draw))
+
+
+def rounded(update: Callable, round_params: bool) -> Callable:
+    """``update`` with its writes rounded: it runs on working copies in float32 (or wider) and
+    every low-precision buffer is stored back stochastically rounded, with random bits keyed by
+    (tensor, step, element); a bf16 parameter too when ``round_params``, else rounded to
+    nearest. The returned function takes the update's arguments plus ``rounding_step`` (the
+    step count) and ``rounding_key`` (the tensor's salt and `shard_layout`)."""
+    def rounded_update(param, grad, *buffers, rounding_step, rounding_key, **arguments):
+        dtype = working_dtype(param)
+        work = param.to(dtype)
+        state = [buffer.to(dtype) for buffer in buffers]
+        update(work, grad, *state, **arguments)
+        writes = [(buffer, value, True) for buffer, value in zip(buffers, state)
+                  if value is not buffer]
+        if work is not param:
+            writes.append((param, work, round_params and param.dtype == torch.bfloat16))
+        count = sum(rounds for _, _, rounds in writes)
+        salt, layout = rounding_key
+        draws = random_integers(param, rounding_step, salt, count, layout) if count else []
+        for target, value, rounds in writes:
+            store(target, value, draws.pop(0) if rounds else None)
+
+    return rounded_update

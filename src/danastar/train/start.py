@@ -20,7 +20,7 @@ import torch
 from danastar.config import TrainConfig, default_run_dir, save_yaml
 from danastar.durable import write_atomic
 from danastar.errors import UserError
-from danastar.optim.base import local
+from danastar.optim.dtensors import local
 from danastar.rundir import lock as run_lock
 from danastar.rundir.files import (
     CONFIG_FILE,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from danastar.optim.base import local
+from danastar.optim.dtensors import local
 from danastar.train import parallel
 from danastar.train.data import TrainingData
 from danastar.train.routing import RoutingSums
