@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fake_runs import write_run
 
-from danastar.analysis import plots, records, table
+from danastar.analysis import multiplier, plots, records, table
 from danastar.cli import main
 
 pytest.importorskip("matplotlib")
@@ -22,8 +22,8 @@ def has_band(ax) -> bool:
     return any(isinstance(c, PolyCollection) for c in ax.collections)
 
 
-def labelled(ax):
-    return [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
+def legend_texts(legend) -> list[str]:
+    return [text.get_text() for text in legend.get_texts()]
 
 
 def test_plot_command_writes_png_and_pdf(sweep, tmp_path, capsys):
@@ -52,13 +52,33 @@ def test_scaling_figure(sweep):
     assert ax_loss.get_yscale() == "log" and ax_loss.get_ylabel().startswith("validation loss")
     assert top.get_xlabel() == "total parameters" and len(top.get_xticks()) == 3
     mk4 = "Dana-Star-MK4 κ=0.85 clipsnr=2"
-    assert labelled(ax) == ["AdamW (baseline)", f"{mk4} measured", f"{mk4} fitted"]
-    measured = [line for line in ax.get_lines() if line.get_label() == f"{mk4} measured"][0]
-    assert len(measured.get_xdata()) == 3 and min(measured.get_ydata()) > 1
+    assert legend_texts(ax.get_legend()) == ["AdamW (baseline)", mk4]
+    squares = [line for line in ax.get_lines() if line.get_marker() == "s"]
+    assert len(squares) == 3 and min(line.get_ydata()[0] for line in squares) > 1
     assert figure.fit is not None and not figure.fit.broken  # 3 sizes: a single power law
     dashed_fits = [line for line in ax_loss.get_lines() if line.get_linestyle() == "--"]
     assert len(dashed_fits) == 2
     assert [line.get_color() for line in dashed_fits] == ["#1f77b4", "#d62728"]
+    marks = legend_texts(figure.legends[0])  # below the axes, every kind of mark drawn
+    assert marks[2:] == ["multiplier from the fits", "validation loss (right axis) ± s.e.",
+                         "loss fit"]
+
+
+def test_the_scaling_figure_dots_extrapolated_segments_and_names_every_mark(sweep):
+    best = table.best_per_size(records.find_runs([sweep]))
+    measured = multiplier.measured_multipliers(
+        [(b.pfh, b.loss.mean) for b in best if b.optimizer == "adamw"],
+        [(b.pfh, b.loss.mean) for b in best if b.optimizer != "adamw"])
+    within = [m.kind == multiplier.INTERPOLATED for m in measured]
+    assert not all(within), "the fixture's largest size is extrapolated"
+    figure = plots.scaling(best, "adamw", fit="none")  # no fit: fast, and no fit in the legend
+    segments = [line for line in figure.axes[0].get_lines()  # the multiplier's, pair by pair
+                if line.get_color() == "#d62728" and len(line.get_xdata()) == 2]
+    styles = ["-" if left and right else ":" for left, right in zip(within, within[1:])]
+    assert [line.get_linestyle() for line in segments] == styles
+    assert legend_texts(figure.legends[0]) == [
+        "multiplier, measured", "multiplier, extrapolated beyond the baseline's losses",
+        "validation loss (right axis) ± s.e."]
 
 
 def test_curves_figure_has_one_line_per_run(sweep):

@@ -27,8 +27,10 @@ from danastar.errors import UserError
 
 def scaling(best: Sequence[Best], baseline: str = "adamw", fit: str = "auto"):
     """Compute multiplier against ``baseline`` (left) and validation loss (right, log) against
-    compute in PFH (log), measured (squares, solid; hollow when extrapolated) and fitted
-    (dashed); total parameters of the baseline's sizes on the top axis.
+    compute in PFH (log): the measured multiplier as squares joined by solid lines, hollow and
+    joined by dotted ones where extrapolated beyond the baseline's losses; the loss as circles;
+    the fits dashed. Total parameters of the baseline's sizes on the top axis. One legend names
+    the optimizers by colour, a second below the axes every kind of mark.
 
     ``fit``: "broken", "single", "none", or "auto": broken with 6 or more sizes per optimizer
     (4 parameters per curve), single with 3 to 5, none below."""
@@ -38,53 +40,85 @@ def scaling(best: Sequence[Best], baseline: str = "adamw", fit: str = "auto"):
         curves.setdefault(b.optimizer, []).append(b)
     for points in curves.values():
         points.sort(key=lambda b: b.pfh)
-    smallest = min(len(points) for points in curves.values())
-    if fit == "auto":  # a curve needs more points than its 2 or 4 parameters
-        fit = "broken" if smallest >= 6 else "single" if smallest >= 3 else "none"
-    joint = None
-    if fit != "none":
-        joint = fits.fit_power_laws(
-            {name: ([b.pfh for b in pts], [b.loss.mean for b in pts])
-             for name, pts in curves.items()}, broken=fit == "broken")
-    fit = joint
-    figure, (ax,) = new_figure(8.0, 5.0)
+    fit = _scaling_fit(curves, fit)
+    figure, (ax,) = new_figure(8.0, 5.5)
     ax_loss = ax.twinx()
-    c_min = min(b.pfh for b in best)
-    c_max = max(b.pfh for b in best)
+    c_range = (min(b.pfh for b in best), max(b.pfh for b in best))
+    optimizers, extrapolated = [], False
     for name, pts in curves.items():
         base = pts[0].base_optimizer
         col, label = colour(base), group_label(name, base)
         pfh = np.array([b.pfh for b in pts])
         loss = np.array([b.loss.mean for b in pts])
-        se = np.array([0.0 if np.isnan(b.loss.se) else b.loss.se for b in pts])
-        ax_loss.errorbar(pfh, loss, yerr=se, fmt="o", color=col, alpha=0.8, markersize=5)
-        if fit is not None:
-            grid = np.geomspace(0.5 * c_min, 2 * c_max, 200)
-            ax_loss.plot(grid, fit.predict(name, grid), "--", color=col, alpha=0.5, linewidth=1)
+        _loss_points(ax_loss, pts, col, fit and (lambda c, n=name: fit.predict(n, c)), c_range)
         if name == baseline:
-            ax.axhline(1.0, color=col, linewidth=1.5, label=f"{label} (baseline)")
+            ax.axhline(1.0, color=col, linewidth=1.5)
+            optimizers.append((col, f"{label} (baseline)"))
             continue
+        optimizers.append((col, label))
         measured = multiplier.measured_multipliers(base_points, list(zip(pfh, loss)))
-        ax.plot(pfh, [m.multiplier for m in measured], "-", color=col, linewidth=1.5,
-                label=f"{label} measured")
-        for m in measured:
-            hollow = m.kind != multiplier.INTERPOLATED
-            ax.plot(m.compute, m.multiplier, "s", color=col, markersize=7,
-                    markerfacecolor="white" if hollow else col)
+        _measured_multipliers(ax, measured, col)
+        extrapolated |= any(m.kind != multiplier.INTERPOLATED for m in measured)
         if fit is not None:
             cs, ms = multiplier.fitted_multipliers(
                 lambda c: fit.predict(baseline, c), lambda c, n=name: fit.predict(n, c),
-                c_min, c_max, floor=fit.floor)
-            ax.plot(cs, ms, "--", color=col, linewidth=1.2, label=f"{label} fitted")
+                *c_range, floor=fit.floor)
+            ax.plot(cs, ms, "--", color=col, linewidth=1.2)
+    _scaling_axes(ax, ax_loss, best, baseline)
+    _scaling_legends(figure, ax, optimizers, fitted=fit is not None,
+                     extrapolated=extrapolated)
+    subtitle = (f"joint {'broken ' if fit.broken else ''}power-law fit, R² = {fit.r2:.3f}"
+                if fit is not None else "too few sizes for a fit (needs 3 per optimizer)")
+    ax.set_title(f"Compute multiplier and loss vs compute ({subtitle})", fontsize=9)
+    figure.fit = fit  # for the command's summary and the tests
+    return figure
+
+
+def _scaling_fit(curves: dict[str, list[Best]], fit: str):
+    """The joint power-law fit that ``fit`` asks for (`scaling`), or None."""
+    if fit == "auto":  # a curve needs more points than its 2 or 4 parameters
+        smallest = min(len(points) for points in curves.values())
+        fit = "broken" if smallest >= 6 else "single" if smallest >= 3 else "none"
+    if fit == "none":
+        return None
+    return fits.fit_power_laws(
+        {name: ([b.pfh for b in pts], [b.loss.mean for b in pts])
+         for name, pts in curves.items()}, broken=fit == "broken")
+
+
+def _loss_points(ax_loss, points: Sequence[Best], col, fitted, c_range) -> None:
+    """One optimizer's best losses (circles, ± their standard error) and its fit (dashed)."""
+    se = [0.0 if np.isnan(b.loss.se) else b.loss.se for b in points]
+    ax_loss.errorbar([b.pfh for b in points], [b.loss.mean for b in points], yerr=se, fmt="o",
+                     color=col, alpha=0.8, markersize=5)
+    if fitted:
+        grid = np.geomspace(0.5 * c_range[0], 2 * c_range[1], 200)
+        ax_loss.plot(grid, fitted(grid), "--", color=col, alpha=0.5, linewidth=1)
+
+
+def _measured_multipliers(ax, measured: Sequence[multiplier.MeasuredPoint], col) -> None:
+    """Squares joined in order of compute: filled and solid where measured within the
+    baseline's losses; hollow, and dotted to and from them, where extrapolated."""
+    for left, right in zip(measured, measured[1:]):
+        within = left.kind == right.kind == multiplier.INTERPOLATED
+        ax.plot([left.compute, right.compute], [left.multiplier, right.multiplier],
+                "-" if within else ":", color=col, linewidth=1.5)
+    for m in measured:
+        hollow = m.kind != multiplier.INTERPOLATED
+        ax.plot(m.compute, m.multiplier, "s", color=col, markersize=7,
+                markerfacecolor="white" if hollow else col)
+
+
+def _scaling_axes(ax, ax_loss, best: Sequence[Best], baseline: str) -> None:
+    """Scales, labels and grid; the baseline's total parameters on a top axis."""
     ax.set_xscale("log")
     ax_loss.set_yscale("log")
     plain_log_axis(ax_loss.yaxis)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("compute (PFH)")
     ax.set_ylabel(f"compute multiplier vs {display_name(baseline)} (bigger is better)")
-    ax_loss.set_ylabel("validation loss (circles; fit dashed)")
+    ax_loss.set_ylabel("validation loss (circles)")
     ax.grid(True, which="both", alpha=0.2)
-    ax.legend(loc="upper left", fontsize=8)
     top = ax.twiny()
     top.set_xscale("log")
     top.set_xlim(ax.get_xlim())
@@ -93,12 +127,33 @@ def scaling(best: Sequence[Best], baseline: str = "adamw", fit: str = "auto"):
     top.set_xticklabels([params_label(b.total_params) for b in baseline_best], fontsize=8)
     top.minorticks_off()
     top.set_xlabel("total parameters")
-    subtitle = (f"joint {'broken ' if fit.broken else ''}power-law fit, R² = {fit.r2:.3f}"
-                if fit is not None else "too few sizes for a fit (needs 3 per optimizer)")
-    ax.set_title(f"Compute multiplier and loss vs compute ({subtitle}; hollow: extrapolated)",
-                 fontsize=9)
-    figure.fit = fit  # for the command's summary and the tests
-    return figure
+
+
+# Every kind of mark of the scaling figure, drawn in grey in the legend below the axes (the
+# colours are the optimizers'): (label, line style, marker, marker face, alpha).
+SCALING_MARKS = (
+    ("multiplier, measured", "-", "s", None, 1.0),
+    ("multiplier, extrapolated beyond the baseline's losses", ":", "s", "white", 1.0),
+    ("multiplier from the fits", "--", "", None, 1.0),
+    ("validation loss (right axis) ± s.e.", "", "o", None, 0.8),
+    ("loss fit", "--", "", None, 0.5),
+)
+
+
+def _scaling_legends(figure, ax, optimizers: list[tuple], fitted: bool,
+                     extrapolated: bool) -> None:
+    """The optimizers by colour (upper left), and below the axes what each mark drawn means."""
+    from matplotlib.lines import Line2D  # noqa: PLC0415 (the plots extra, as in new_figure)
+
+    ax.legend([Line2D([], [], color=col, linewidth=2) for col, _ in optimizers],
+              [label for _, label in optimizers], loc="upper left", fontsize=8)
+    marks = [mark for mark in SCALING_MARKS if (fitted or "fit" not in mark[0])
+             and (extrapolated or "extrapolated" not in mark[0])]
+    handles = [Line2D([], [], color="grey", linestyle=style or "none", marker=marker or None,
+                      markerfacecolor=face, alpha=alpha, markersize=6)
+               for _, style, marker, face, alpha in marks]
+    figure.legend(handles, [mark[0] for mark in marks], loc="outside lower center",
+                  ncols=2, fontsize=8, frameon=False)  # multiplier marks, then loss marks
 
 
 def best_lr_curves(runs: Sequence[Run]) -> list[Run]:
