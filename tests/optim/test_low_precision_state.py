@@ -7,7 +7,7 @@ import pytest
 import torch
 from optim_variants import DECAY, OPTIMIZERS
 
-from danastar.optim import AdamW, ADana, DanaStar, build_optimizer
+from danastar.optim import AdamW, ADana, build_optimizer
 from danastar.optim.rounding import random_integers, shard_layout, stochastic_round
 
 SHAPES = [(16, 8), (8,), (3, 5, 2)]
