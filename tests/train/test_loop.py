@@ -28,6 +28,20 @@ def dry_run(capsys, *argv):
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.fixture
+def prepared_fineweb(tmp_path, monkeypatch):
+    """FineWeb as this machine would hold it prepared (a dry run refuses it otherwise, as the
+    run does): the original release's raw GPT-2 files, as long as its 10B-token sample but
+    sparse, so that no disk is used for their zeros."""
+    directory = tmp_path / "data" / "fineweb"
+    directory.mkdir(parents=True)
+    for name, tokens in (("train.bin", 10**10), ("val.bin", 10**8)):
+        with open(directory / name, "wb") as file:
+            file.truncate(2 * tokens)  # uint16 tokens
+    monkeypatch.setenv("DANASTAR_DATA_DIR", str(tmp_path / "data"))
+    return directory
+
+
 @pytest.mark.slow
 def test_default_preset_shortened_learns_shakespeare_and_samples(tmp_path):
     result = run_train_preset(
@@ -157,7 +171,7 @@ def test_a_run_whose_final_validation_loss_is_not_finite_fails(tmp_path, monkeyp
     assert run.final_record is not None and not run.complete and run.state == "failed"
 
 
-def test_dry_run_prints_the_scaling_plan_and_the_batch_layout(capsys):
+def test_dry_run_prints_the_scaling_plan_and_the_batch_layout(capsys, prepared_fineweb):
     printed = dry_run(
         capsys,
         "--arch",
@@ -196,7 +210,7 @@ def test_dry_run_prints_the_scaling_plan_and_the_batch_layout(capsys):
     assert printed["batch_layout"]["tokens_per_step"] == 32 * 2048
 
 
-def test_dry_run_explicit_flags_override_the_plan(capsys):
+def test_dry_run_explicit_flags_override_the_plan(capsys, prepared_fineweb):
     printed = dry_run(
         capsys,
         "--heads",
@@ -238,7 +252,7 @@ def test_dry_run_rejects_the_optimizer_settings_training_would_reject(capsys, fl
     assert message in error and error.count("\n") == 1
 
 
-def test_dry_run_builds_the_muon_route_on_stand_in_parameters(capsys):
+def test_dry_run_builds_the_muon_route_on_stand_in_parameters(capsys, prepared_fineweb):
     assert dry_run(capsys, "--opt", "muon", "--dataset", "fineweb")["plan"]["opt"] == "muon"
 
 

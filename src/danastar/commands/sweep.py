@@ -94,6 +94,13 @@ def main(argv: list[str]) -> int:
 
         check_free(root, "use another --runs_root")  # as the sweep would refuse (probed only)
         print_runs(runs)
+    from danastar.train.data import check_prepared_here
+
+    # Data this machine lacks and training would not prepare: refused after the dry run's list
+    # (which needs none), and before a sweep writes or trains anything.
+    for dataset in sorted({run.planned["dataset"] for run in runs}):
+        check_prepared_here(dataset)
+    if args.dry_run:
         return 0
     for line in plan_lines(runs):
         print(line, file=sys.stderr if line.startswith("warning") else sys.stdout)

@@ -22,6 +22,7 @@ from typing import NoReturn
 from danastar.config import TrainConfig, epochs_text, load_config, run_directory
 from danastar.errors import UserError, report
 from danastar.scaling import Plan
+from danastar.train.data import check_prepared_here
 from danastar.train.plan import (
     checked_start,
     estimated_time,
@@ -62,13 +63,11 @@ def main(argv: list[str]) -> int:
         planned["init_from"] = {"path": str(source.path), "architecture": source.architecture,
                                 "step": source.step, "model": source.description}
     if planning:
-        warning = planned_warning(planned)
-        if getattr(args, "json", False):
-            print(json.dumps(planned, indent=2))
-            if warning:
-                print(warning, file=sys.stderr)
-        else:
-            print(summary(config, planned, run_plan=plan, export=source))
+        show_plan(config, planned, plan, source, as_json=getattr(args, "json", False))
+    # Data this machine lacks and training would not prepare is refused after the plan (which
+    # needs none): a dry run shows the plan, then refuses as the run would.
+    check_prepared_here(config.data.dataset)
+    if planning:
         return 0
     if not under_torchrun():
         # Facts of this machine, which a dry run (planning for any machine) does not check: here
@@ -82,6 +81,18 @@ def main(argv: list[str]) -> int:
         # The workers' stop file goes in the run directory (now the data is there to compare).
         return launch(config.parallel.nproc, argv, planned_run_dir(config, world_size)[0])
     return run_training(config, plan, initial_weights(source))
+
+
+def show_plan(config: TrainConfig, planned: dict, plan: Plan, source, as_json: bool) -> None:
+    """The dry run's output: the summary a person reads, or the whole plan as JSON (its warnings
+    on stderr)."""
+    if not as_json:
+        print(summary(config, planned, run_plan=plan, export=source))
+        return
+    print(json.dumps(planned, indent=2))
+    warning = planned_warning(planned)
+    if warning:
+        print(warning, file=sys.stderr)
 
 
 def init_from(config: TrainConfig, plan: Plan, check_values: bool = True):

@@ -18,7 +18,7 @@ import torch
 
 from danastar.config import BatchLayout, TrainConfig
 from danastar.data.loader import TokenData, TrainLoader, validation_batches
-from danastar.data.prepare import default_data_dir, ensure_prepared, is_prepared
+from danastar.data.prepare import AUTO_PREPARED, default_data_dir, ensure_prepared, is_prepared
 from danastar.data.sources import SOURCES
 from danastar.train.parallel import Distributed
 
@@ -41,6 +41,16 @@ def open_tokens(config: TrainConfig, prepare: bool = True) -> Optional[TokenData
         candidates.append(default_data_dir(dataset))
     found = next((path for path in candidates if path.is_dir() and is_prepared(path)), None)
     return None if found is None else TokenData.open(found)
+
+
+def check_prepared_here(dataset: str) -> None:
+    """Refuse, with the sentence training says when it opens the data, a named source that is
+    not prepared on this machine and that training does not prepare on first use (`fineweb`:
+    the sentence names `danastar prepare fineweb`). A plan needs no data (`danastar submit`
+    plans one for a cluster, whose data is its own); a run here does, so `danastar train` and
+    `danastar sweep` refuse it before anything starts, and their dry runs after the plan."""
+    if dataset in SOURCES and dataset not in AUTO_PREPARED:
+        ensure_prepared(dataset)  # prepares nothing for such a source: finds it, or refuses
 
 
 class TrainingData:

@@ -112,8 +112,8 @@ def checked_start(config: TrainConfig, run_dir: Path, run_dir_note: str | None =
 def check_dataset(dataset: str) -> None:
     """Refuse, with training's own sentence, data that training could neither open nor prepare:
     a folder that does not exist or holds no prepared data, under a name that is no source. A
-    source named but not prepared yet is planned from its name (`danastar prepare` prepares it,
-    or training does on first use)."""
+    source named but not prepared yet is planned from its name (a plan needs no data; a run here
+    does: `train.data.check_prepared_here` refuses a source training would not prepare)."""
     from danastar.data.prepare import ensure_prepared
     from danastar.data.sources import SOURCES
 
