@@ -1,7 +1,8 @@
 """`danastar train --init_from EXPORT`: a run exported and trained from again starts where the
 export left off (its first training loss is the exported weights' loss on that batch, computed
 here independently), resumes bitwise, and refuses in one sentence an export of another model,
-a missing directory and a directory that is no export."""
+a missing directory and a directory that is no export (test_init_from_resume.py: a resume
+whose export has moved or gone)."""
 
 import json
 import shutil
@@ -177,7 +178,7 @@ def test_a_sharded_export_reads_as_the_single_file_one(runs, exports, tmp_path):
 
 
 @pytest.mark.parametrize("make, said", [
-    (lambda path: None, "does not exist; give a directory that `danastar export` wrote"),
+    (lambda path: None, "does not exist, and a fresh start takes its weights from it"),
     (lambda path: path.write_text("x"), "is not a directory"),
     (lambda path: path.mkdir(), "has no readable config.json"),
     (lambda path: (path.mkdir(), (path / "config.json").write_text(
@@ -193,15 +194,17 @@ def test_a_path_that_is_no_export_is_one_sentence(make, said, tmp_path, capsys):
     assert f"--init_from {path} {said}" in message
 
 
-def test_a_moved_export_says_why_a_resume_needs_it_where_it_was(tmp_path, capsys):
-    # Before: "is not a directory; give a directory that `danastar export` wrote", which says
-    # nothing of why a resume, whose weights come from its checkpoint, needs the export.
+def test_a_fresh_start_whose_export_is_not_there_says_why_it_needs_it(tmp_path, capsys):
+    # Before: "...; to resume a run started from an export that has since moved, put the export
+    # back at ...", though a resume takes its checkpoint's weights and needs no export.
     message = refusal(capsys, "train", "--dataset", "synthetic", "--arch", "llama", "--heads",
-                      "2", "--init_from", tmp_path / "hf", "--dry_run")
-    assert message.endswith(f"and to resume a run started from an export that has since moved, "
-                            f"put the export back at {tmp_path / 'hf'} (the run's settings name "
-                            f"it there, and a resume with another --init_from is refused as "
-                            f"another run).")
+                      "2", "--init_from", tmp_path / "hf", "--run_dir", tmp_path / "run",
+                      "--dry_run")
+    assert message == (f"danastar train: --init_from {tmp_path / 'hf'} does not exist, and a "
+                       f"fresh start takes its weights from it ({tmp_path / 'run'} has no "
+                       f"checkpoint to resume from); pass the directory that `danastar export` "
+                       f"wrote, where it is now (once a run has a checkpoint, its resume needs "
+                       f"no export).")
 
 
 def test_an_empty_init_from_is_refused(capsys):

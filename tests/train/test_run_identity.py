@@ -69,6 +69,39 @@ def test_the_optimizer_states_dtype_is_compared_and_float32_is_recorded_as_befor
     assert changed_settings(float32, {**float32, "state_dtype": "float32"}, step=4) == ([], [])
 
 
+def test_the_export_a_run_started_from_is_compared_by_its_weights_fingerprint():
+    """A resume takes its checkpoint's weights: the same export moved is accepted, a missing one
+    (no fingerprint now) is no change, another export (or none) is another run; a run recorded
+    before the fingerprint resumes under its path. Real exports: tests/export/."""
+    from danastar.train.identity import changed_settings, identity_digest
+
+    started = {"init_from": "/a/hf", "init_from_fingerprint": "f1"}
+    hint = "resume with --init_from /a/hf, which need not be there now"
+    cases = [
+        (started, {"init_from": "/b/hf", "init_from_fingerprint": "f1"},
+         ([], ["init_from: /a/hf → /b/hf (the same export, moved)"])),
+        (started, {"init_from": "/a/hf"}, ([], [])),  # the export gone
+        (started, {"init_from": "/b/hf", "init_from_fingerprint": "f2"},
+         ([f"init_from: /a/hf → /b/hf (another export: other weights; {hint})"], [])),
+        (started, {"init_from": "/b/hf"},
+         ([f"init_from: /a/hf → /b/hf (/b/hf holds no export to compare; {hint})"], [])),
+        (started, {}, ([f"init_from: /a/hf → null (the run started from an export; {hint})"],
+                       [])),
+        (started, {"init_from": "/a/hf", "init_from_fingerprint": "f2"},
+         ([], ["init_from_fingerprint: f1 → f2 (the export there has changed since the run "
+               "started from it; the run goes on from its checkpoint's weights)"])),
+        ({}, started, (["init_from: null → /a/hf"], [])),  # a run from random weights
+        ({"init_from": "/a/hf"}, started, ([], [])),  # recorded before the fingerprint
+        ({"init_from": "/a/hf"}, {"init_from": "/b/hf", "init_from_fingerprint": "f1"},
+         ([f"init_from: /a/hf → /b/hf (the run recorded no fingerprint of its export to "
+           f"compare; {hint})"], [])),
+    ]
+    for recorded, current, expected in cases:
+        assert changed_settings(recorded, current, step=4) == expected, (recorded, current)
+    # the automatic directory's hash is what it was, and the same without the export
+    assert identity_digest(started) == identity_digest({"init_from": "/a/hf"})
+
+
 def continue_copy(stopped, tmp_path, flags, name="run"):
     run_dir = tmp_path / name
     shutil.copytree(stopped["run_dir"], run_dir)

@@ -58,10 +58,10 @@ def main(argv: list[str]) -> int:
     # written.
     plan, planned = (planned_run(config, run_dir=run_dir) if worker
                      else checked_start(config, run_dir, note))
-    source = init_from(config, plan, check_values=not worker)  # this model, finite weights
-    if source is not None:
-        planned["init_from"] = {"path": str(source.path), "architecture": source.architecture,
-                                "step": source.step, "model": source.description}
+    # this model, finite weights; none where the export is gone and the run resumes
+    source = init_from(config, plan, None if worker else run_dir, check_values=not worker)
+    if config.train.init_from:
+        planned["init_from"] = export_record(config, source)
     if planning:
         show_plan(config, planned, plan, source, as_json=getattr(args, "json", False))
     # Data this machine lacks and training would not prepare is refused after the plan (which
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
             ensure_prepared(config.data.dataset)  # missing data is one message; prepared once
         # The workers' stop file goes in the run directory (now the data is there to compare).
         return launch(config.parallel.nproc, argv, planned_run_dir(config, world_size)[0])
-    return run_training(config, plan, initial_weights(source))
+    return run_training(config, plan, initial_weights(source, config))
 
 
 def show_plan(config: TrainConfig, planned: dict, plan: Plan, source, as_json: bool) -> None:
@@ -95,29 +95,73 @@ def show_plan(config: TrainConfig, planned: dict, plan: Plan, source, as_json: b
         print(warning, file=sys.stderr)
 
 
-def init_from(config: TrainConfig, plan: Plan, check_values: bool = True):
+def init_from(config: TrainConfig, plan: Plan, run_dir: Path | None,
+              check_values: bool = True):
     """The export `--init_from` names, checked against the planned model (its class, shape and
     every tensor's name and shape, from the files' headers) and, with `check_values`, every
-    value finite (each tensor read in turn), or None without the flag."""
+    value finite (each tensor read in turn); None without the flag, and where the export is
+    not there now but the run resumes in `run_dir` from a checkpoint, which holds its weights
+    (only a fresh start needs the export). `run_dir` None: a worker, whose rank 0 decided."""
     if not config.train.init_from:
         return None
+    path = Path(config.train.init_from)
+    if not path.expanduser().exists():
+        if run_dir is None or resumes(config, run_dir):
+            return None
+        raise UserError(export_needed(path, fresh_start_reason(config, run_dir)))
     from danastar.config import model_config
     from danastar.export.init_from import check_finite, inspect
 
-    source = inspect(Path(config.train.init_from), model_config(config, plan))
+    source = inspect(path, model_config(config, plan))
     if check_values:
         check_finite(source)
     return source
 
 
-def initial_weights(source):
-    """What `train` calls for a fresh start's weights (never on a resume): the export read whole
-    in each process, which loads it before the model is sharded."""
-    if source is None:
-        return None
-    from danastar.export.init_from import read
+def resumes(config: TrainConfig, run_dir: Path) -> bool:
+    """Whether `train` will resume in `run_dir` from a checkpoint (its newest, by name)."""
+    from danastar.train.identity import newest_step
 
-    return lambda: read(source)
+    return config.checkpoint.auto_resume and newest_step(run_dir) > 0
+
+
+def fresh_start_reason(config: TrainConfig, run_dir: Path) -> str:
+    if not config.checkpoint.auto_resume:
+        return "--no_auto_resume starts the run afresh"
+    return f"{run_dir} has no checkpoint to resume from"
+
+
+def export_needed(path: Path, why: str) -> str:
+    """The refusal of a fresh start whose export is not there (`why`: why it starts afresh)."""
+    return (f"--init_from {path} does not exist, and a fresh start takes its weights from it "
+            f"({why}); pass the directory that `danastar export` wrote, where it is now (once a "
+            f"run has a checkpoint, its resume needs no export).")
+
+
+def export_record(config: TrainConfig, source) -> dict:
+    """The dry run's `init_from`: the export checked, or its path where it is not there now."""
+    if source is None:
+        return {"path": config.train.init_from, "present": False}
+    return {"path": str(source.path), "present": True, "architecture": source.architecture,
+            "step": source.step, "model": source.description}
+
+
+def initial_weights(source, config: TrainConfig):
+    """What `train` calls for a fresh start's weights (never on a resume): the export read whole
+    in each process, which loads it before the model is sharded; where the export is not there
+    (the run was to resume), a refusal."""
+    if source is not None:
+        from danastar.export.init_from import read
+
+        return lambda: read(source)
+    if not config.train.init_from:
+        return None
+
+    def refuse():
+        raise UserError(export_needed(Path(config.train.init_from),
+                                      "this run has no checkpoint to resume from"))
+
+    return refuse
 
 
 def run_training(config: TrainConfig, plan: Plan | None = None, weights=None) -> int:
@@ -277,6 +321,9 @@ def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None,
     if export is not None:
         rows.append(("init from", f"{export.summary()}; a fresh start takes these weights, a "
                                   "resume its checkpoint's"))
+    elif config.train.init_from:
+        rows.append(("init from", f"{config.train.init_from} is not there now; the run resumes "
+                                  "from its checkpoint, whose weights need no export"))
     run_dir = Path(planned["run_dir"])
     rows.append(("run dir", f"{run_dir} ({run_dir_state(run_dir, config, plan['iterations'])})"))
     lines = ["plan (--dry_run --json prints all of it as JSON):"]

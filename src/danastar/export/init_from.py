@@ -130,12 +130,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 def _hf_config(path: Path) -> tuple[dict[str, Any], str]:
     """config.json's settings and the class it names; refuses what is no danastar export."""
     fix = "give a directory that `danastar export` wrote"
-    if not path.exists():
-        # Met on a resume too: the run is checked against the export it started from.
-        raise UserError(f"--init_from {path} does not exist; {fix}, and to resume a run started "
-                        f"from an export that has since moved, put the export back at "
-                        f"{path.expanduser().resolve()} (the run's settings name it there, and a "
-                        f"resume with another --init_from is refused as another run).")
+    if not path.exists():  # (`danastar train` says first why its fresh start needs it)
+        raise UserError(f"--init_from {path} does not exist; {fix}.")
     if not path.is_dir():
         raise UserError(f"--init_from {path} is not a directory; {fix}.")
     settings = _read_json(path / "config.json")

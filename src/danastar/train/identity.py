@@ -2,8 +2,10 @@
 when it starts, and a resume that would change any of it is refused before anything is loaded.
 
 The identity is everything the weights depend on: the model (architecture and every
-dimension, its options), the export it starts from (`--init_from`, its resolved path), the
-optimizer and every hyperparameter it receives, the dtype of its state, the peak LR, the
+dimension, its options), the export it starts from (`--init_from`: its resolved path and a
+fingerprint of its weights, by which a resume finds it moved, or goes on without it:
+`export_change`), the optimizer and every hyperparameter it receives, the dtype of its state,
+the peak LR, the
 schedule and its warm-up, the gradient clip, the seeds, the global batch (batch size,
 accumulation steps, sequence length), the iterations, the tokenizer and vocabulary, and a
 fingerprint of the dataset. What does not
@@ -20,6 +22,7 @@ that follow from the iterations (the warm-up when not given, the log-time weight
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
@@ -38,6 +41,8 @@ from danastar.rundir.files import RUN_FILE, has_earlier_run
 # a later `danastar prepare` may add, do not make a different dataset).
 DATA_KEYS = ("format", "tokenizer", "vocab_size", "dtype", "eot_id", "source", "train_tokens",
              "val_tokens", "train_documents", "val_documents")
+# The export a run starts from, compared together (`export_change`).
+EXPORT_KEYS = ("init_from", "init_from_fingerprint")
 # Settings recorded only when they differ from their default, so that the identity (and the
 # automatic directory named from its hash) of a run at the default is what it was before the
 # setting was recorded; an identity without one had the default.
@@ -78,7 +83,7 @@ def run_identity(config, plan, layout, tokens) -> dict[str, Any]:
         if identity[key] == default:
             del identity[key]
     if config.train.init_from:  # its starting weights; a random start's identity is unchanged
-        identity["init_from"] = str(Path(config.train.init_from).expanduser().resolve())
+        identity.update(export_identity(Path(config.train.init_from)))
     if plan.model.moe:  # a dense run's identity stays what it was before MoE existed
         flat = plan.model.to_dict()  # the MoE fields by their flat names, as recorded
         identity.update({name: flat[name] for name in MODEL_MOE_FIELDS})
@@ -99,6 +104,32 @@ def dataset_identity(dataset: str, tokens) -> dict[str, Any]:
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode())
     return {"dataset": dataset, "tokenizer": tokens.meta.get("tokenizer"),
             "dataset_fingerprint": digest.hexdigest()[:16]}
+
+
+def export_identity(path: Path) -> dict[str, Any]:
+    """The export a run starts from: its resolved path, and a fingerprint of its weights where
+    they are there to read (a resume needs no export: its weights are its checkpoint's)."""
+    resolved = path.expanduser().resolve()
+    found = {"init_from": str(resolved)}
+    weights = sorted(resolved.glob("*.safetensors")) if resolved.is_dir() else []
+    if weights:
+        found["init_from_fingerprint"] = weights_fingerprint(tuple(
+            (str(file), file.stat().st_size, file.stat().st_mtime_ns) for file in weights))
+    return found
+
+
+@functools.lru_cache(maxsize=4)
+def weights_fingerprint(files: tuple[tuple[str, int, int], ...]) -> str:
+    """A hash of the names and bytes of the files, given as (path, size, modification time):
+    read once per process while they are unchanged (a start works its identity out more than
+    once)."""
+    digest = hashlib.sha256()
+    for name, size, _ in files:
+        digest.update(f"{Path(name).name} {size}\n".encode())
+        with open(name, "rb") as file:
+            while chunk := file.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def identity_from_plan(plan: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +168,11 @@ def changed_settings(recorded: dict[str, Any], current: dict[str, Any], *, step:
         if old == new:
             continue
         change = f"{key}: {show(old)} → {show(new)}"
-        if key == "dataset" and recorded.get("dataset_fingerprint") == current.get(
+        if key in EXPORT_KEYS:
+            verdict = export_change(key, recorded, current)
+            if verdict is not None:
+                (refused if verdict[0] else accepted).append(change + verdict[1])
+        elif key == "dataset" and recorded.get("dataset_fingerprint") == current.get(
                 "dataset_fingerprint"):
             accepted.append(change + " (the same data)")
         elif key == "iterations":
@@ -148,6 +183,35 @@ def changed_settings(recorded: dict[str, Any], current: dict[str, Any], *, step:
         else:
             refused.append(change)
     return refused, accepted
+
+
+def export_change(key: str, recorded: dict[str, Any], current: dict[str, Any]
+                  ) -> Optional[tuple[bool, str]]:
+    """(refused, why) of resuming with another `init_from` (or `init_from_fingerprint`), or None
+    where that is nothing to say. A resume takes its checkpoint's weights, so the export may have
+    moved (another path, the same fingerprint) or be gone (no fingerprint now); another export,
+    or none where there was one, is another run."""
+    old_path, new_path = recorded.get("init_from"), current.get("init_from")
+    fingerprints = recorded.get("init_from_fingerprint"), current.get("init_from_fingerprint")
+    known = None not in fingerprints
+    if key == "init_from_fingerprint":  # said with the path, where that changed too
+        if known and old_path == new_path:
+            return False, (" (the export there has changed since the run started from it; the "
+                           "run goes on from its checkpoint's weights)")
+        return None
+    if old_path is None:
+        return True, ""  # a run from random weights
+    if known and fingerprints[0] == fingerprints[1]:
+        return False, " (the same export, moved)"
+    if known:
+        why = "another export: other weights"
+    elif new_path is None:
+        why = "the run started from an export"
+    elif fingerprints[0] is None:
+        why = "the run recorded no fingerprint of its export to compare"
+    else:
+        why = f"{new_path} holds no export to compare"
+    return True, f" ({why}; resume with --init_from {old_path}, which need not be there now)"
 
 
 def extension_problem(recorded: dict[str, Any], current: dict[str, Any], step: int
@@ -212,6 +276,8 @@ def record_start(run_dir: Path, identity: dict[str, Any], config, layout, step: 
                  world_size: int, accepted: list[str]) -> None:
     """Write run.json: the identity, the latest settings, and one entry per start."""
     previous = read_run_file(run_dir) or {}
+    if step > 0:
+        identity = with_started_export(previous.get("identity", {}), identity)
     # as run.json will hold them (a tuple reads back as a list), so that an unchanged setting
     # compares equal to its record
     settings = json.loads(json.dumps(config.to_dict(), default=str))
@@ -223,6 +289,18 @@ def record_start(run_dir: Path, identity: dict[str, Any], config, layout, step: 
     write_atomic(run_dir / RUN_FILE, json.dumps(
         {"identity": identity, "settings": settings, "batch_layout": layout.to_dict(),
          "starts": starts}, indent=1, default=str) + "\n")
+
+
+def with_started_export(recorded: dict[str, Any], identity: dict[str, Any]) -> dict[str, Any]:
+    """A resumed run's `identity` with the fingerprint of the export it started from as
+    recorded (or none, where none was): the export now at the path, or none, did not give its
+    weights."""
+    if "init_from" not in identity:
+        return identity
+    kept = {key: value for key, value in identity.items() if key != "init_from_fingerprint"}
+    if "init_from_fingerprint" in recorded:
+        kept["init_from_fingerprint"] = recorded["init_from_fingerprint"]
+    return kept
 
 
 def setting_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = ""):
@@ -282,8 +360,10 @@ def choose_run_dir(base: Path, identity: dict[str, Any],
 
 def identity_digest(identity: dict[str, Any]) -> str:
     """A short hash of the settings but the iterations (which the `-it<T>` names carry), so
-    that a run extended on a schedule that allows it keeps its directory."""
-    settings = {key: value for key, value in identity.items() if key != "iterations"}
+    that a run extended on a schedule that allows it keeps its directory, and but the export's
+    fingerprint (the path names it; a resume may have no export to read)."""
+    settings = {key: value for key, value in identity.items()
+                if key not in ("iterations", "init_from_fingerprint")}
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()
                           ).hexdigest()[:8]
 
