@@ -87,10 +87,28 @@ def exact_non_embedding_params(arch: str, n_layer: int, n_head: int, n_embd: int
 
 
 def counted_non_embedding_params(config: ModelConfig) -> int:
-    """The non-embedding parameters of the model itself, built on the meta device (no memory,
-    no initialisation cost)."""
-    with torch.device("meta"):
-        return build_model(config).num_params(non_embedding=True)
+    """The non-embedding parameters of the model itself (`meta_model`)."""
+    return meta_model(config).num_params(non_embedding=True)
+
+
+def meta_model(config: ModelConfig) -> torch.nn.Module:
+    """The model of ``config`` built on the meta device (no memory, no initialisation cost),
+    once per configuration: a plan counts its parameters, a dry run builds its optimizer over
+    its parameter groups, and a sweep plans the same few models for each of its runs (each
+    build a tenth of a second). Kept for the `META_MODELS_KEPT` configurations used last."""
+    key = repr(config)  # every field, nested ones too
+    model = _META_MODELS.pop(key, None)
+    if model is None:
+        with torch.device("meta"):
+            model = build_model(config)
+    _META_MODELS[key] = model  # the newest last
+    while len(_META_MODELS) > META_MODELS_KEPT:
+        del _META_MODELS[next(iter(_META_MODELS))]
+    return model
+
+
+META_MODELS_KEPT = 16
+_META_MODELS: dict[str, torch.nn.Module] = {}  # repr(ModelConfig) -> its meta-device model
 
 
 def _law_rows(arch: str, global_batch: int, opt: str) -> tuple[str, list[dict[str, float]]]:

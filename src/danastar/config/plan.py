@@ -77,16 +77,20 @@ def batch_layout(config: TrainConfig, world_size: int) -> BatchLayout:
     )
 
 
+def model_options(config: TrainConfig) -> dict:
+    """The `model` section's options of the model itself (a plan's model carries them, so that
+    the model a plan counts is the one training builds)."""
+    model = config.model
+    options = {"z_loss": model.z_loss, "init": model.init,
+               "tie_embeddings": model.tie_embeddings, "residual_scale": model.residual_scale}
+    return {**options, "moe": model.moe.model_moe()} if model.moe.enabled else options
+
+
 def model_config(config: TrainConfig, plan: Plan) -> ModelConfig:
     """The plan's model (its shape and mixture of experts) with the options of the `model`
     section."""
-    model = config.model
-    return plan.model_config(
-        z_loss=model.z_loss,
-        init=model.init,
-        tie_embeddings=model.tie_embeddings,
-        residual_scale=model.residual_scale,
-    )
+    return plan.model_config(**{name: value for name, value in model_options(config).items()
+                                if name != "moe"})
 
 
 def check_moe_layers(config: TrainConfig) -> None:
@@ -133,8 +137,7 @@ def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int)
             delta=config.optim.delta,
             omega=config.optim.omega,
             clipsnr=config.optim.clipsnr,
-            model_options=({"moe": config.model.moe.model_moe()} if config.model.moe.enabled
-                           else {}),
+            model_options=model_options(config),
             moe_budget=config.model.moe.budget,
             **{key: value for key, value in overrides.items() if value is not None},
         )

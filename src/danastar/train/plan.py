@@ -28,7 +28,7 @@ from danastar.errors import UserError
 from danastar.hparams import short_run_warning
 from danastar.machine import available_memory
 from danastar.models.config import ModelConfig
-from danastar.scaling import Plan
+from danastar.scaling import Plan, meta_model
 
 
 def planned_run(config: TrainConfig, world_size: int | None = None, run_dir: Path | None = None,
@@ -144,13 +144,9 @@ def check_optimizer_settings(plan, config: TrainConfig):
     """Build the planned optimizer and schedule over the real model's parameter groups, with the
     model built on the meta device (no memory, no initialisation), so that a dry run rejects the
     settings training would reject; returns that model (for its FLOPs)."""
-    import torch
-
-    from danastar.models import build_model
     from danastar.train.optimizer import make_optimizer
 
-    with torch.device("meta"):
-        model = build_model(model_config(config, plan))
+    model = meta_model(model_config(config, plan))  # the one the plan counted
     make_optimizer(plan, config, model.param_groups(plan.weight_decay))
     return model
 
