@@ -238,10 +238,11 @@ def test_the_extras_the_docs_name_exist():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     named = set()
-    for page in PAGES:
+    examples = sorted(path.relative_to(ROOT) for path in (ROOT / "docs" / "examples").glob("*.py"))
+    for page in (*PAGES, *examples):
         text = (ROOT / page).read_text()
-        named.update(re.findall(r"danastar\[([a-z,]+)\]", text))
-        named.update(re.findall(r"DANASTAR_EXTRAS=([a-z,]+)", text))
+        named.update(re.findall(r"danastar\[([a-z,-]+)\]", text))
+        named.update(re.findall(r"DANASTAR_EXTRAS=([a-z,-]+)", text))
     unknown = {name for group in named for name in group.split(",")} - set(extras)
     assert not unknown, f"the docs name extras that pyproject.toml does not define: {unknown}"
     # docs/analysis.md promises rich tables with the analysis extra

@@ -1,6 +1,6 @@
 """Dana-MK4 in the Hugging Face Trainer: the recipe of docs/porting.md, run end to end.
 
-    pip install 'danastar[integrations]'
+    pip install 'danastar[hf-trainer]'
     python docs/examples/hf_trainer.py
 
 A tiny Llama, built from a config (nothing downloaded), learns counting sequences on the CPU in

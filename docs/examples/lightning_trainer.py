@@ -1,7 +1,7 @@
 """Dana-MK4 (ADana with clipsnr=2.0) in a Lightning `LightningModule`: the recipe of
 docs/porting.md, run end to end.
 
-    pip install 'danastar[integrations]'
+    pip install 'danastar[lightning]'
     python docs/examples/lightning_trainer.py
 
 The optimizer is built in `configure_optimizers`, where the Trainer already knows the run's

@@ -1,5 +1,6 @@
 """jax stays out of the core: `import danastar` and `danastar.optim` load neither jax nor optax,
-and danastar.optax loads nothing of torch (each checked in a fresh Python)."""
+and danastar.optax loads nothing of torch (each checked in a fresh Python), and of danastar only
+the files that the danastar-optax distribution ships."""
 
 import subprocess
 import sys
@@ -25,6 +26,21 @@ def test_danastar_optax_imports_no_torch():
     pytest.importorskip("jax")
     pytest.importorskip("optax")
     assert loaded_after("import danastar.optax", ("torch", "danastar.optim")) == []
+
+
+def test_danastar_optax_imports_only_what_danastar_optax_ships():
+    """distributions/danastar-optax ships danastar/__init__.py, hparams.py and optax/: an
+    import of anything else of danastar would fail where it is installed alone."""
+    pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    code = ("import sys\nimport danastar.optax\n"
+            "print(','.join(sorted(m for m in sys.modules if m.startswith('danastar'))))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    loaded = set(result.stdout.strip().split(","))
+    assert {m for m in loaded if not m.startswith("danastar.optax")} == {"danastar",
+                                                                        "danastar.hparams"}
 
 
 def test_without_jax_the_import_names_the_extra():

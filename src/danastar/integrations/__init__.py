@@ -1,5 +1,6 @@
 """danastar's optimizers in other trainers; each module imports its trainer's package, which
-the 'integrations' extra installs (`pip install 'danastar[integrations]'`).
+that trainer's extra installs (`pip install 'danastar[hf-trainer]'` for `hf`; the
+'integrations' extra installs every trainer's).
 
 * `danastar.integrations.hf` — the Hugging Face `Trainer` (docs/porting.md).
 

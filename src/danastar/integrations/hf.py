@@ -34,7 +34,7 @@ try:  # first, so that without the extra this says so before importing anything 
 except ModuleNotFoundError as error:
     if error.name not in ("transformers", "accelerate"):
         raise
-    raise MissingExtra("danastar.integrations.hf", "integrations", error.name) from None
+    raise MissingExtra("danastar.integrations.hf", "hf-trainer", error.name) from None
 
 import torch
 from torch import nn

@@ -8,7 +8,9 @@ transformations equal to danastar.optim's torch optimizers step for step.
 
 The aliases chain three pieces that can be used alone: `scale_by_adana` / `scale_by_dana_star`
 (the direction), ``optax.scale_by_learning_rate`` and `log_time_weight_decay`. Needs the ``jax``
-extra (``pip install 'danastar[jax]'``); nothing else of danastar imports this package.
+extra (``pip install 'danastar[jax]'``), or, without torch, ``pip install danastar-optax``: this
+package and danastar.hparams alone. It imports nothing else of danastar, and nothing else of
+danastar imports it.
 """
 
 try:

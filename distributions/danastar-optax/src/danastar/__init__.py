@@ -1,0 +1,1 @@
+../../../../src/danastar/__init__.py

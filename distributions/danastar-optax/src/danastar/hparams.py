@@ -1,0 +1,1 @@
+../../../../src/danastar/hparams.py
