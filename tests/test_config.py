@@ -217,3 +217,14 @@ def test_heads_without_config_plans_from_the_launcher_defaults():
 def test_unknown_schedule_is_caught_before_training():
     with pytest.raises(UserError, match="optim.scheduler 'cosine' is not known; did you mean 'cos"):
         load_config(["--scheduler", "cosine"])
+
+
+def test_each_config_is_merged_over_defaults_no_earlier_one_changed():
+    """The defaults are built once (a sweep reads three configs per run): merging never writes
+    into them."""
+    first, _ = load_config(["--heads", "2", "--opt", "adamw", "train.iterations=7",
+                            "optim.lr=1e-3"])
+    second, _ = load_config([])
+    assert (first.model.heads, first.optim.name, first.train.iterations) == (2, "adamw", 7)
+    assert (second.model.heads, second.optim.name, second.train.iterations) == (3, "adana", 300)
+    assert second.optim.lr is None

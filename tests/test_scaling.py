@@ -219,3 +219,18 @@ def test_kappa_ties_go_to_the_entry_listed_first():
     assert make_plan("enoki", "adana", 6, kappa=0.875).lr_rule.endswith("kappa0.85")
     assert make_plan("enoki", "adana", 6, kappa=0.825).lr_rule.endswith("kappa0.8")
     assert make_plan("enoki", "dana-mk4", 6, kappa=0.80).lr_rule.endswith("kappa0.85")
+
+
+def test_a_models_parameters_are_counted_once_per_configuration(monkeypatch):
+    """A sweep plans the same few models for each of its runs: each is built once."""
+    builds = []
+    monkeypatch.setattr(scaling, "build_model", lambda config: builds.append(config) or
+                        build_model(config))
+    config = ModelConfig.from_heads("qwen3", 2, vocab_size=123, max_seq_len=48)
+    first = scaling.counted_non_embedding_params(config)
+    built = len(builds)
+    assert scaling.counted_non_embedding_params(ModelConfig.from_heads(
+        "qwen3", 2, vocab_size=123, max_seq_len=48)) == first and len(builds) == built
+    deeper = ModelConfig.from_heads("qwen3", 2, vocab_size=123, max_seq_len=48,
+                                    n_layer=config.n_layer + 1)
+    assert scaling.counted_non_embedding_params(deeper) > first and len(builds) == built + 1

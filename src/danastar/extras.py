@@ -13,9 +13,9 @@ from itertools import chain
 # The import names of each extra's packages (pyproject.toml's [project.optional-dependencies]).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "train": ("numpy", "yaml", "omegaconf", "tqdm", "tiktoken", "tokenizers", "pyarrow"),
-    "analysis": ("numpy", "scipy", "yaml"),
-    "plots": ("numpy", "scipy", "yaml", "matplotlib"),
-    "theory": ("numpy", "scipy", "matplotlib"),
+    "analysis": ("numpy", "scipy", "yaml", "tqdm"),
+    "plots": ("numpy", "scipy", "yaml", "tqdm", "matplotlib"),
+    "theory": ("numpy", "scipy", "matplotlib", "tqdm"),
     "hf-trainer": ("transformers", "accelerate"),
     "lightning": ("lightning",),
     "export": ("transformers", "safetensors"),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,7 +124,13 @@ def test_lrlaw_figure_and_its_scaling_rules_row(sweep, tmp_path, capsys):
                                                          rel=0.25)
     assert main(["plot", "lrlaw", str(sweep), "--bootstrap", "20",
                  "--out", str(tmp_path / "law")]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    # each fit said as it starts (its resamples counted by a bar on a terminal), then the files
+    assert err.splitlines() == [
+        "danastar plot: fitting the LR law of adamw and 20 bootstrap resamples of its sizes ...",
+        "danastar plot: fitting the LR law of dana-star-mk4 κ=0.85 clipsnr=2 and 20 bootstrap "
+        "resamples of its sizes ...",
+        f"danastar plot: drawing {tmp_path / 'law.png'} and {tmp_path / 'law.pdf'} ..."]
     assert "adamw: [{a: " in out and "dana-star-mk4: [{kappa: 0.85, a: " in out
     # 3 sizes fit 3 parameters exactly: no band, and the command says why
     assert "no bootstrap interval: with 3 sizes" in out
@@ -284,3 +292,12 @@ def test_an_option_the_figure_ignores_or_out_of_range_is_one_sentence(args, mess
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith(f"danastar plot: {message}") and len(err) == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_plot_command_starts_without_torch():
+    """Reading records and drawing them needs no torch, whose import took 4 of the 8 s before a
+    figure was drawn (the LR-law figure imports it to draw the paper's law)."""
+    code = "import sys, danastar.commands.plot; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.strip() == "False", result.stderr

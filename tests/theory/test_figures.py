@@ -19,6 +19,11 @@ def test_compare_command_writes_the_figure_and_its_data(tmp_path, capsys):
     code = main(["theory", "compare", "--d", "40", "--T", "2000", "--sim-steps", "300",
                  "--seeds", "2", "--optim", "adana:lr=1e-3,kappa=0.5", "--out", str(tmp_path)])
     assert code == 0
+    # each stage said as it starts (its steps counted by a bar on a terminal only)
+    assert capsys.readouterr().err.splitlines() == [
+        "danastar theory: drawing W, a 200 × 40 random-feature matrix, and its SVD ...",
+        "danastar theory: solving the ODE of 5 methods at d = 40, up to t = 2,000 ...",
+        "danastar theory: simulating 2 runs of each of 6 methods for 300 steps ..."]
     assert (tmp_path / "compare.png").stat().st_size > 10_000
     data = json.loads((tmp_path / "compare.json").read_text())
     assert [m["key"] for m in data["methods"]] == list(figures.COMPARE_METHODS)

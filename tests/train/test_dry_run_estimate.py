@@ -3,13 +3,14 @@ has, with the whole model's widths, so that its passes run the same matrix shape
 "--dry_run")."""
 
 import dataclasses
+import types
 
 import pytest
 import torch
 
 from danastar.cli import main as danastar_main
 from danastar.models import ModelConfig, build_model
-from danastar.train.plan import timing_stand_in
+from danastar.train.plan import how_measured, timing_stand_in
 
 
 def model(arch: str, heads: int, **overrides) -> ModelConfig:
@@ -63,9 +64,27 @@ def test_a_model_with_no_more_blocks_than_kinds_is_timed_itself(arch, heads, ove
 def test_the_dry_run_says_it_timed_a_cut_model_and_scales_it(capsys):
     assert danastar_main(["train", "--dataset", "synthetic", "--heads", "4", "--batch_size", "4",
                           "--sequence_length", "64", "--iterations", "10", "--dry_run"]) == 0
-    line = next(line for line in capsys.readouterr().out.splitlines()
-                if line.startswith("  time "))
-    assert "measured here on the model cut to 1 of its 3 blocks: forward/backward passes of " \
-        in line, line
-    assert "scaled to the whole model and the batch; an optimizer step of " in line
-    assert line.endswith(", scaled to its parameters)"), line
+    out, err = capsys.readouterr()
+    line = next(line for line in out.splitlines() if line.startswith("  time "))
+    threads = torch.get_num_threads()
+    assert f" for its 10 steps on this CPU with {threads} thread" in line, line
+    assert "not counting evaluations, start-up or compiling (measured just now on the model " \
+        "cut to 1 of its 3 blocks, with the machine's load average at " in line, line
+    assert ": forward/backward passes of " in line and " tokens ran at " in line
+    assert " GFLOP/s" in line and "fixed 0 s" not in line and " plus 0 s" not in line
+    assert line.endswith(", scaled to the whole model and the batch)"), line
+    # the wait said before it starts, on standard error (the plan itself is on standard output)
+    assert err.splitlines()[0].startswith("danastar train: timing forward/backward passes and an "
+                                          "optimizer step of the model here for the time "
+                                          "estimate")
+
+
+@pytest.mark.parametrize("rate, fixed, said", [
+    (2.0e10, 0.0, "at 20 GFLOP/s and"), (2.0e10, 0.004, "at 20 GFLOP/s and"),
+    (3.1e14, 0.0123, "at 310 TFLOP/s plus 0.012 s each and")])
+def test_a_pass_without_a_fixed_cost_says_its_rate_alone(rate, fixed, said):
+    timer = types.SimpleNamespace(full=model("enoki", 2), stand_in=model("enoki", 2),
+                                  device=torch.device("cuda"))
+    text = how_measured(timer, [(1, 32), (4, 32)], rate, fixed, 0.25)
+    assert f"passes of 1 × 32 and 4 × 32 tokens ran {said} an optimizer step took 0.25 s" in text
+    assert "load average" not in text  # said of a CPU only

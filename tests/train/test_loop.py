@@ -275,7 +275,7 @@ def test_dry_run_prints_a_summary_a_person_reads(capsys, tmp_path, monkeypatch):
     assert f"compute      {planned['compute']['flops']:.3g} FLOPs" in text
     assert planned["compute"]["flops"] == planned["compute"]["flops_per_token"] * 512_000
     assert "time         about " in text and " on 2 processes, each on a " in text
-    assert "measured here: forward/backward passes of " in text
+    assert "measured just now on the model, with the machine's load average at " in text
     assert planned["run_dir"] == "runs/synthetic-enoki-h2-adana-b8x32-cos_inf-s0"
     assert f"run dir      {planned['run_dir']} (new)" in text
     assert planned["corpus"] == {"train_tokens": 400_000, "train_tokens_from":

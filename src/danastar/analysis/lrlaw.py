@@ -21,7 +21,8 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from danastar.analysis.sweeps import merge_close_lrs
-from danastar.scaling import DEFAULT_OMEGA
+from danastar.hparams import PAPER_OMEGA as DEFAULT_OMEGA  # scaling.DEFAULT_OMEGA, without torch
+from danastar.progress import SILENT, Stages
 
 START = (10.0, 3e4, -0.5)
 
@@ -133,9 +134,10 @@ class LRLawFit:
 
 def fit_lr_law(points: Sequence[SweepPoint], *, k: int = 5, omega: float = DEFAULT_OMEGA,
                bootstrap: int = 1000, seed: int = 0, predict_at: Sequence[float] = (),
-               b: float | None = None) -> LRLawFit:
+               b: float | None = None, stages: Stages = SILENT) -> LRLawFit:
     """Fit the LR law with bootstrap intervals (see the module docstring); b held at the given
-    value if one is given. Needs ≥ 3 sizes (≥ 2 with b given)."""
+    value if one is given. Needs ≥ 3 sizes (≥ 2 with b given). `stages` counts the resamples (a
+    command's progress bar: a thousand fits take tens of seconds)."""
     chosen = top_k(points, k=k, omega=omega)
     sizes = list(chosen)
     free = 3 if b is None else 2
@@ -146,7 +148,8 @@ def fit_lr_law(points: Sequence[SweepPoint], *, k: int = 5, omega: float = DEFAU
     rng = np.random.default_rng(seed)
     samples = []
     # with as many sizes as free parameters, each fittable resample only reorders the sizes
-    for _ in range(bootstrap if len(sizes) > free else 0):
+    resamples = bootstrap if len(sizes) > free else 0
+    for _ in stages.counted(range(resamples), resamples, "fit"):
         drawn = rng.choice(len(sizes), size=len(sizes), replace=True)
         if len(set(drawn.tolist())) < free:  # each free parameter needs its own size
             continue

@@ -24,7 +24,9 @@ from pathlib import Path
 from danastar import durable
 from danastar.analysis import budgets, experts, plots, records, table, tau
 from danastar.errors import UserError
+from danastar.progress import Stages
 
+STAGES = Stages("danastar plot")  # each slow stage said on standard error as it starts
 KINDS = ("scaling", "within-size", "curves", "lrlaw", "lr-sweep", "lr-sensitivity", "tau",
          "experts")
 
@@ -146,7 +148,7 @@ def _lrlaw(runs, args):
     figure, fits = plots.lrlaw_figure(runs, k=args.top_k, omega=args.omega,
                                       bootstrap=args.bootstrap, seed=args.seed,
                                       b_from_paper=args.b_from_paper,
-                                      allow_unswept=args.allow_unswept)
+                                      allow_unswept=args.allow_unswept, stages=STAGES)
     for group, fit in fits.items():
         base = group.split(" ")[0]
         kappa = next((r.kappa for r in runs if r.group == group), None)
@@ -187,6 +189,7 @@ def _say(message: str) -> None:
 
 
 def _save(figure, out: Path) -> None:
+    STAGES.start(f"drawing {out.with_suffix('.png')} and {out.with_suffix('.pdf')}")
     try:
         written = plots.save(figure, out)
     except OSError as error:

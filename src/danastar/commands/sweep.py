@@ -40,6 +40,7 @@ from typing import Optional
 from danastar.config import load_config, name_too_long
 from danastar.errors import UserError
 from danastar.launch.sweep_spec import Sweep, SweepPoint, load_sweep, run_state
+from danastar.progress import Stages, bar
 from danastar.rundir import metrics
 from danastar.rundir.exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from danastar.rundir.files import METRICS_FILE
@@ -85,9 +86,14 @@ def main(argv: list[str]) -> int:
     check_command_line(sweep, given)
     root = Path(args.runs_root).expanduser().resolve() / sweep.name
     check_runs_root(Path(args.runs_root), root, [root / point.name for point in sweep.points()])
+    points = sweep.points()
+    stages = Stages("danastar sweep")
+    stages.start(f"planning {len(points)} runs, each checked as `danastar train` would check "
+                 "it")
     # A dry run prepares no data: where it is not prepared yet, the runs are not compared.
     runs = [plan_run(sweep.name, overridden(point, given), root, train_argv,
-                     prepare=not args.dry_run) for point in sweep.points()]
+                     prepare=not args.dry_run)
+            for point in stages.counted(points, len(points), "run")]
     refuse_changed_runs(sweep.name, runs)  # before anything is written
     if args.dry_run:
         from danastar.rundir.lock import check_free
@@ -346,8 +352,6 @@ def visible_gpus() -> list[str]:
 
 def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int:
     """Train the runs that are not complete, `parallel` at a time; 0 when all are complete."""
-    from tqdm import tqdm
-
     todo = [run for run in runs if run.state["state"] != "complete"]
     if not todo:
         print(f"sweep {name}: all {len(runs)} runs are complete; nothing to train.")
@@ -358,8 +362,7 @@ def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int
     gpus = visible_gpus() if parallel > 1 and one_process else []
     slots = list(range(parallel))
     (root / "logs").mkdir(exist_ok=True)
-    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc=f"sweep {name}",
-               dynamic_ncols=True, disable=None)  # no bar where stderr is not a terminal
+    counter = bar(len(runs), initial=len(runs) - len(todo), unit="run", desc=f"sweep {name}")
     running: dict[int, tuple[PlannedRun, subprocess.Popen, object]] = {}
     failed: list[tuple[PlannedRun, int]] = []
     queue = list(todo)
@@ -383,13 +386,13 @@ def run_all(runs: list[PlannedRun], root: Path, parallel: int, name: str) -> int
                                                 else None))
                 if stop:  # the signal came while this run was starting
                     running[slot][1].send_signal(stop[0])
-                bar.set_postfix_str(", ".join(r.point.name for r, _, _ in running.values()))
+                counter.set_postfix_str(", ".join(r.point.name for r, _, _ in running.values()))
             time.sleep(0.2)
-            collect_finished(running, slots, failed, root, bar)
+            collect_finished(running, slots, failed, root, counter)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    bar.close()
+    counter.close()
     return outcome(runs, failed, stop, root, name)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from danastar import durable
 from danastar.errors import UserError
+from danastar.progress import Stages
 
 FIGURES = ("compare", "scaling", "exponents", "kappa")
 
@@ -299,7 +300,9 @@ def main(argv: list[str]) -> int:
 
     T = inputs["T"]
     started = time.perf_counter()
-    common = dict(alpha=args.alpha, beta=args.beta, batch=args.batch, dtau=args.dtau)
+    # each stage said on standard error as it starts, its steps counted on a terminal
+    common = dict(alpha=args.alpha, beta=args.beta, batch=args.batch, dtau=args.dtau,
+                  stages=Stages("danastar theory"))
     if args.figure == "compare" and inputs["optimizers"]:
         _warn_if_slow(args, inputs, figures)
     if args.figure == "compare":

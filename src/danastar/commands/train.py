@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from danastar.config import TrainConfig, epochs_text, load_config, run_directory
 from danastar.errors import UserError, report
+from danastar.progress import Stages
 from danastar.scaling import Plan
 from danastar.train.data import check_prepared_here
 from danastar.train.plan import (
@@ -52,6 +53,10 @@ def main(argv: list[str]) -> int:
     # run starts); a worker leaves the checks below to rank 0.
     run_dir, note = (run_directory(config), None) if worker else \
         planned_run_dir(config, world_size)
+    if planning and not getattr(args, "json", False):  # a person waits: seconds on a busy CPU
+        Stages("danastar train").start("planning the run: the model built on the meta device, "
+                                       "the data and the run directory checked",
+                                       only_on_terminal=True)
     # What training would refuse is refused here, the dry run's checks and the real start's
     # alike (`checked_start`: the data, the run directory's lock, probed, and its resume): once
     # (not by each of N workers), before data is prepared, a process is started or a file is
@@ -87,6 +92,10 @@ def show_plan(config: TrainConfig, planned: dict, plan: Plan, source, as_json: b
     """The dry run's output: the summary a person reads, or the whole plan as JSON (its warnings
     on stderr)."""
     if not as_json:
+        # the estimate times the model here: seconds, more where the optimizer's step compiles
+        Stages("danastar train").start(
+            "timing forward/backward passes and an optimizer step of the model here for the time "
+            "estimate (the optimizer's step is compiled first where training compiles it)")
         print(summary(config, planned, run_plan=plan, export=source))
         return
     print(json.dumps(planned, indent=2))

@@ -2,7 +2,8 @@
 
 Each figure has a `<name>_data(...)` function returning a JSON-ready dict (everything the plot
 shows) and a `plot_<name>(data)` function returning a matplotlib Figure. matplotlib is imported
-only by the plotting functions (it is in the `plots` extra).
+only by the plotting functions (it is in the `plots` extra). A data function given a command's
+`Stages` says each stage as it starts (the SVD, each ODE, the simulation) and counts its steps.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
+from danastar.progress import SILENT, Stages
 
 from .exponents import decade_slopes, exponent_between, predicted_exponents, sgd_exponent
 from .model import PLRF, base_learning_rate, limit_risk, theory_inputs, trace_k
@@ -78,17 +81,24 @@ def compare_data(alpha: float = 1.5, beta: float = 0.3, d: int = 500, v: int | N
                  batch: int = 1, T: int | None = None, sim_steps: int | None = None,
                  seeds: int = 5, seed: int = 0,
                  optimizers: Sequence[TorchOptimizer] = (), dtau: float = 1e-3,
-                 framework: str = "torch") -> dict:
+                 framework: str = "torch", stages: Stages = SILENT) -> dict:
     """The ODE on the exact inputs of one W up to T, and `seeds` stochastic runs on that W up to
     sim_steps (default min(T, 10^5)), for every preset and any danastar.optim optimizers (or,
     with ``framework="jax"``, their danastar.optax versions)."""
     v = 5 * d if v is None else v
     T, sim_steps = compare_steps(alpha, d, T, sim_steps)
+    stages.start(f"drawing W, a {v:,} × {d:,} random-feature matrix, and its SVD")
     model = PLRF(alpha, beta, d, v, seed=seed)
     schedules = [preset(name, alpha, d, v, batch) for name in COMPARE_METHODS]
-    ode = solve_ode(model.spectral_inputs(), schedules, batch, T, dtau=dtau)
-    runs = (simulate(model, schedules, batch, sim_steps, seeds=seeds, seed=seed + 1,
-                     optimizers=optimizers, framework=framework) if sim_steps > 0 else None)
+    stages.start(_solving(len(schedules), "methods", d, T))
+    ode = solve_ode(model.spectral_inputs(), schedules, batch, T, dtau=dtau, stages=stages)
+    runs = None
+    if sim_steps > 0:
+        count = len(schedules) + len(optimizers)
+        stages.start(f"simulating {seeds} run{'s' * (seeds > 1)} of each of {count} methods "
+                     f"for {sim_steps:,} steps")
+        runs = simulate(model, schedules, batch, sim_steps, seeds=seeds, seed=seed + 1,
+                        optimizers=optimizers, framework=framework, stages=stages)
     methods = []
     for i, (key, schedule) in enumerate(zip(COMPARE_METHODS, schedules, strict=True)):
         entry = {"key": key, "name": schedule.name, "ode_risk": ode.risks[i].tolist()}
@@ -113,6 +123,11 @@ def compare_data(alpha: float = 1.5, beta: float = 0.3, d: int = 500, v: int | N
         "sim_times": runs.times.tolist() if runs is not None else [],
         "methods": methods, "optimizers": extra,
     }
+
+
+def _solving(count: int, what: str, d: int, T: int) -> str:
+    """What a stage that solves the ODE says: `solving the ODE of 5 methods at d = 500 ...`."""
+    return f"solving the ODE of {count} {what} at d = {d:,}, up to t = {T:,}"
 
 
 def _mean_and_error(entry: dict, seeds: int, shown: np.ndarray):
@@ -173,7 +188,8 @@ SCALING_METHODS = ("sgd", "dana-constant", "dana-decaying")
 
 def scaling_data(alpha: float = 1.0, beta: float = 0.3, ds: Sequence[int] = (100, 200, 400, 800),
                  v_ratio: float = 5.0, batch: int = 1, T_factor: float = 1.0,
-                 methods: Sequence[str] = SCALING_METHODS, dtau: float = 1e-3) -> dict:
+                 methods: Sequence[str] = SCALING_METHODS, dtau: float = 1e-3,
+                 stages: Stages = SILENT) -> dict:
     """The ODE (theory inputs) for every d up to T = T_factor d^(2 alpha); compute = d t.
 
     The envelope is, at each compute, the lowest risk over the model sizes; its slope against
@@ -181,11 +197,14 @@ def scaling_data(alpha: float = 1.0, beta: float = 0.3, ds: Sequence[int] = (100
     """
     ds = [int(d) for d in ds]
     curves = {key: [] for key in methods}
-    for d in ds:
+    for index, d in enumerate(ds):
         v = int(round(v_ratio * d))
         T = max(int(round(T_factor * d ** (2 * alpha))), 10)
         schedules = [preset(key, alpha, d, v, batch) for key in methods]
-        ode = solve_ode(theory_inputs(alpha, beta, d, v), schedules, batch, T, dtau=dtau)
+        stages.start(f"size {index + 1} of {len(ds)}: "
+                     + _solving(len(schedules), "methods", d, T))
+        ode = solve_ode(theory_inputs(alpha, beta, d, v), schedules, batch, T, dtau=dtau,
+                        stages=stages)
         for i, key in enumerate(methods):
             curves[key].append({"d": d, "v": v, "T": T, "times": ode.times.tolist(),
                                 "risk": ode.risks[i].tolist()})
@@ -257,12 +276,15 @@ EXPONENT_METHODS = ("sgd", "momentum", "dana-constant", "dana-decaying")
 
 def exponents_data(alpha: float = 1.0, beta: float = 0.3, d: int = 1000, v: int | None = None,
                    batch: int = 1, T: int | None = None,
-                   methods: Sequence[str] = EXPONENT_METHODS, dtau: float = 1e-3) -> dict:
+                   methods: Sequence[str] = EXPONENT_METHODS, dtau: float = 1e-3,
+                   stages: Stages = SILENT) -> dict:
     """Decade slopes of the ODE risk (theory inputs) for each method, and the predictions."""
     v = 5 * d if v is None else v
     T = int(round(d ** (2 * alpha))) if T is None else int(T)
     schedules = [preset(key, alpha, d, v, batch) for key in methods]
-    ode = solve_ode(theory_inputs(alpha, beta, d, v), schedules, batch, T, dtau=dtau)
+    stages.start(_solving(len(schedules), "methods", d, T))
+    ode = solve_ode(theory_inputs(alpha, beta, d, v), schedules, batch, T, dtau=dtau,
+                    stages=stages)
     predicted = predicted_exponents(alpha, beta)
     rows = []
     for i, key in enumerate(methods):
@@ -327,7 +349,7 @@ def plot_exponents(data: dict):
 
 def kappa_data(alpha: float = 1.0, beta: float = 0.3, d: int = 1000, v: int | None = None,
                batch: int = 1, T: int = 100_000, kappas: Sequence[float] | None = None,
-               dtau: float = 1e-3) -> dict:
+               dtau: float = 1e-3, stages: Stages = SILENT) -> dict:
     """The ODE (theory inputs) of `adam_like` for each kappa, and its risk at the horizons
     10^k <= T."""
     v = 5 * d if v is None else v
@@ -335,8 +357,9 @@ def kappa_data(alpha: float = 1.0, beta: float = 0.3, d: int = 1000, v: int | No
     schedules = [adam_like(alpha, d, v, batch, float(kappa)) for kappa in kappas]
     horizons = [10.0 ** k for k in range(1, int(np.floor(np.log10(T))) + 1)]
     times = np.unique(np.concatenate([evaluation_times(T), horizons]))
+    stages.start(_solving(len(schedules), "values of κ", d, T))
     ode = solve_ode(theory_inputs(alpha, beta, d, v), schedules, batch, T, dtau=dtau,
-                    times=times)
+                    times=times, stages=stages)
     at = [int(np.argmin(np.abs(ode.times - h))) for h in horizons]
     risk_at = {f"{h:g}": ode.risks[:, k].tolist() for h, k in zip(horizons, at, strict=True)}
     return {"figure": "kappa", "alpha": alpha, "beta": beta, "d": d, "v": v, "batch": batch,

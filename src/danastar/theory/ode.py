@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from danastar.progress import SILENT, Stages
+
 from .model import ODEInputs
 from .schedules import Schedule
 
@@ -85,11 +87,13 @@ def _solve3(m, rhs):
 
 
 def solve_ode(inputs: ODEInputs, schedules: Sequence[Schedule], batch: int, t_max: float,
-              dtau: float = 1e-3, times: np.ndarray | None = None) -> ODEResult:
+              dtau: float = 1e-3, times: np.ndarray | None = None,
+              stages: Stages = SILENT) -> ODEResult:
     """Integrate the ODE for every schedule (on the same inputs) up to t_max.
 
     Returns the risk at `times` (default: `evaluation_times(t_max)`), interpolated linearly in
-    log(1 + t) between integration steps.
+    log(1 + t) between integration steps. `stages` counts the integration steps (a command's
+    progress bar).
     """
     schedules = list(schedules)
     if not schedules:
@@ -115,7 +119,7 @@ def solve_ode(inputs: ODEInputs, schedules: Sequence[Schedule], batch: int, t_ma
     history = np.empty((n_runs, n_steps + 1))
     history[:, 0] = twice_risk
     with np.errstate(over="ignore", invalid="ignore"):
-        for step in range(n_steps):
+        for step in stages.counted(range(n_steps), n_steps, "step"):
             h = h_all[step]
             g1, g2, g3, D = (arr[:, step:step + 1] for arr in
                              (g1_all, g2_all, g3_all, delta_all))

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from danastar.progress import SILENT, Stages
+
 from .model import PLRF
 from .ode import evaluation_times
 from .schedules import Schedule
@@ -151,12 +153,14 @@ class JaxRunner:
 def simulate(model: PLRF, schedules: Sequence[Schedule] = (), batch: int = 1,
              steps: int = 1000, seeds: int = 4, seed: int = 0,
              optimizers: Sequence[TorchOptimizer] = (), times: np.ndarray | None = None,
-             chunk: int = 2048, framework: str = "torch") -> SimulationResult:
+             chunk: int = 2048, framework: str = "torch",
+             stages: Stages = SILENT) -> SimulationResult:
     """Run every schedule and optimizer for `steps` steps from theta = 0, `seeds` data streams.
 
     The exact population risk is recorded at `times` (default `evaluation_times(steps)`).
     `framework`: the optimizers of danastar.optim (``"torch"``) or of danastar.optax
-    (``"jax"``, the four DANA optimizers of `JAX_OPTIMIZERS`).
+    (``"jax"``, the four DANA optimizers of `JAX_OPTIMIZERS`). `stages` counts the steps (a
+    command's progress bar).
     """
     schedules, optimizers = list(schedules), list(optimizers)
     _check_arguments(framework, schedules, optimizers)
@@ -189,7 +193,8 @@ def simulate(model: PLRF, schedules: Sequence[Schedule] = (), batch: int = 1,
 
     def run_steps():
         nonlocal error, momentum
-        for t, xi, eta, coefficients in _stream(rng, schedules, steps, chunk, seeds, batch, d):
+        stream = _stream(rng, schedules, steps, chunk, seeds, batch, d)
+        for t, xi, eta, coefficients in stages.counted(stream, steps, "step"):
             if t in record:
                 save(record[t])
             noise = noise_scale * eta

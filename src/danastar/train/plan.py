@@ -14,6 +14,8 @@ import os
 import time
 from pathlib import Path
 
+import torch
+
 from danastar.config import (
     TrainConfig,
     batch_layout,
@@ -210,16 +212,19 @@ def planned_train_tokens(dataset: str) -> tuple[int | None, str]:
 
 def estimated_time(config: TrainConfig, planned: dict, plan: Plan | None = None) -> str:
     """The training steps' time on this machine, from a forward/backward pass and an optimizer
-    step of the planned model measured here (evaluations not counted); or why not."""
+    step of the planned model measured here, saying what it assumes (the device and its
+    threads, what it leaves out, how it was measured); or why there is none."""
     measured = measure_step(config, planned, plan)
     if isinstance(measured, str):
         return measured
     seconds, device, how = measured
-    processes = planned["batch_layout"]["world_size"]
-    on = (f"this {device}" if processes == 1
-          else f"{processes} processes, each on a {device} like this one")
-    return (f"about {duration(seconds * planned['plan']['iterations'])} on {on}, without "
-            f"evaluations ({how})")
+    processes, steps = planned["batch_layout"]["world_size"], planned["plan"]["iterations"]
+    count = torch.get_num_threads()  # what a CPU's passes ran on (a GPU's name says enough)
+    threads = f" with {count} thread{'s' * (count > 1)}" if device == "CPU" else ""
+    on = (f"this {device}{threads}" if processes == 1
+          else f"{processes} processes, each on a {device} like this one{threads}")
+    return (f"about {duration(seconds * steps)} for its {steps:,} steps on {on}, not counting "
+            f"evaluations, start-up or compiling ({how})")
 
 
 def measure_step(config: TrainConfig, planned: dict, plan: Plan | None = None
@@ -266,15 +271,31 @@ def measure_step(config: TrainConfig, planned: dict, plan: Plan | None = None
                                                    / timer.model.num_params())
     full_flops = planned["compute"]["flops_per_token"] * full_batch * full_length
     seconds = layout["acc_steps"] * (fixed + full_flops / rate) + optimizer_seconds
-    measured = " and ".join(f"{batch} × {length}" for batch, length in shapes[-2:])
-    cut = blocks != 1
-    on = (f" on the model cut to {timer.stand_in.n_layer} of its {timer.full.n_layer} blocks"
-          if cut else "")
-    return seconds, name, (f"measured here{on}: forward/backward passes of {measured} tokens, "
-                           f"{rate:.3g} FLOP/s beyond a fixed {duration(fixed)} per pass, scaled "
-                           f"to {'the whole model and ' if cut else ''}the batch; an optimizer "
-                           f"step of {duration(optimizer_seconds)}"
-                           f"{', scaled to its parameters' if cut else ''}")
+    return seconds, name, how_measured(timer, shapes, rate, fixed / blocks, optimizer_seconds)
+
+
+def how_measured(timer: StepTimer, shapes: list[tuple[int, int]], rate: float, fixed: float,
+                 optimizer_seconds: float) -> str:
+    """What the estimate rests on, in words: what was timed (the model or its cut), where (and,
+    on a CPU, how busy the machine was: other work slows training as it slowed this), at what
+    speed (`fixed`: each timed pass's cost beyond its FLOPs), and how it was scaled."""
+    cut = timer.full.n_layer != timer.stand_in.n_layer
+    what = (f"the model cut to {timer.stand_in.n_layer} of its {timer.full.n_layer} blocks"
+            if cut else "the model")
+    busy = ""
+    if timer.device.type == "cpu" and hasattr(os, "getloadavg"):
+        busy = (f", with the machine's load average at {os.getloadavg()[0]:.1f} on its "
+                f"{os.cpu_count()} cores")
+    passes = " and ".join(f"{batch} × {length}" for batch, length in shapes[-2:])
+    speed = f"{flop_rate(rate)}" + (f" plus {duration(fixed)} each" if fixed >= 0.005 else "")
+    return (f"measured just now on {what}{busy}: forward/backward passes of {passes} tokens ran "
+            f"at {speed} and an optimizer step took {duration(optimizer_seconds)}, scaled to "
+            f"{'the whole model and ' if cut else ''}the batch")
+
+
+def flop_rate(rate: float) -> str:
+    """FLOP/s as a person reads them: 19.9 GFLOP/s, 312 TFLOP/s."""
+    return f"{rate / 1e12:.3g} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:.3g} GFLOP/s"
 
 
 def timing_stand_in(model: ModelConfig) -> ModelConfig:

@@ -21,7 +21,8 @@ from danastar.analysis.plots.style import (
 )
 from danastar.analysis.records import Run, complete_runs
 from danastar.errors import UserError
-from danastar.scaling import DEFAULT_OMEGA
+from danastar.hparams import PAPER_OMEGA as DEFAULT_OMEGA  # scaling.DEFAULT_OMEGA, without torch
+from danastar.progress import SILENT, Stages
 
 
 def lr_sweeps(runs: Sequence[Run]):
@@ -90,13 +91,14 @@ def _unswept_sizes(group_runs: Sequence[Run]) -> dict[int, int]:
 
 def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = DEFAULT_OMEGA,
                  bootstrap: int = 1000, seed: int = 0, b_from_paper: bool = False,
-                 allow_unswept: bool = False):
+                 allow_unswept: bool = False, stages: Stages = SILENT):
     """LR against P = 12·d²·L, log-log, one panel per optimizer: the top-K points coloured by
     size and sized by weight, the others grey, the fitted law dashed with its bootstrap band
     and its predictions at 4x and 16x the largest size. With ``b_from_paper``, b is held at the
     paper's law's b (a and d fitted), for a few nearby sizes that cannot pin b down.
     A size with fewer than SWEPT_LRS LRs (a default LR, not a sweep) is refused (UserError)
-    unless ``allow_unswept``; then the panel's title says which sizes were not swept.
+    unless ``allow_unswept``; then the panel's title says which sizes were not swept. `stages`
+    says each fit as it starts and counts its resamples.
     Returns (figure, {optimizer: fit})."""
     groups = by_optimizer(budgets.lr_sweep_runs(complete_runs(runs, "an LR law")))
     laws = {g: paper_law(rs[0]) if b_from_paper else None for g, rs in groups.items()}
@@ -125,8 +127,11 @@ def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = DEFAULT_OMEG
         points = [lrlaw.SweepPoint(r.lr_law_params, r.lr, r.final_loss, r.omega or omega)
                   for r in group_runs]
         largest = max(p.params for p in points)
+        stages.start(f"fitting the LR law of {group} and {bootstrap:,} bootstrap resamples of "
+                     "its sizes")
         fit = lrlaw.fit_lr_law(points, k=k, omega=omega, bootstrap=bootstrap, seed=seed,
-                               predict_at=[4 * largest, 16 * largest], b=fixed[group])
+                               predict_at=[4 * largest, 16 * largest], b=fixed[group],
+                               stages=stages)
         results[group] = fit
         chosen = {(p.params, p.lr) for ps in fit.points.values() for p in ps}
         others = [p for p in points if (p.params, p.lr) not in chosen]
