@@ -3,7 +3,6 @@ spawned worker processes (or in this process for one worker), with a progress ba
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import multiprocessing
 import os
@@ -13,6 +12,7 @@ import numpy as np
 
 from danastar.data.tokenizers import Tokenizer, load_tokenizer
 from danastar.errors import UserError
+from danastar.progress import bar
 
 
 def text_batches(
@@ -99,17 +99,7 @@ def worker_count(workers: int | None) -> int:
     return workers
 
 
-@contextlib.contextmanager
 def progress_bar(total: int | None, done: int, enabled: bool):
-    from tqdm.auto import tqdm
-
-    with tqdm(
-        total=total,
-        initial=done,
-        unit="doc",
-        desc="tokenising",
-        disable=None if enabled else True,  # None: no bar where stderr is not a terminal
-        dynamic_ncols=True,
-    ) as bar:
-        yield bar
+    """The documents tokenised, counted on standard error where it is a terminal."""
+    return bar(total, initial=done, unit="doc", desc="tokenising", enabled=enabled)
 

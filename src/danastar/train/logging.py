@@ -21,6 +21,7 @@ from typing import Any, Optional
 import torch
 
 from danastar.errors import UserError
+from danastar.progress import bar
 from danastar.rundir.files import LOGS_DIR, METRICS_FILE
 from danastar.rundir.files import SUPERSEDED_FILE as SUPERSEDED_FILE  # also known here
 from danastar.rundir.metrics import records as read_metrics  # noqa: F401 (also known here)
@@ -144,17 +145,9 @@ class RunLogger:
         # A fresh start finds no metrics.jsonl: an earlier run's was moved aside (train/identity).
         self.metrics_file = open(self.metrics_path, "a")
         if config.logging.progress:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(
-                total=self.total_steps,
-                initial=start_step,
-                desc="train",
-                unit="step",
-                dynamic_ncols=True,
-                file=sys.stdout,
-                disable=None,  # a pipe or a file gets plain lines (`progress`), not a bar
-            )
+            # a pipe or a file gets plain lines (`progress`), not a bar
+            self.bar = bar(self.total_steps, initial=start_step, desc="train", unit="step",
+                           file=sys.stdout)
         if config.logging.wandb:
             self.wandb_run = start_wandb(config, self.run_dir, resumed)
         if config.logging.tensorboard:
