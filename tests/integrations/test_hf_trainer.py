@@ -162,3 +162,21 @@ def test_a_run_too_short_for_the_papers_decay_is_warned_of_in_the_trainers_words
     with pytest.warns(ShortRunWeightDecayWarning) as caught:
         trainer.create_optimizer_and_scheduler(4)
     assert len(caught) == 1 and "TrainingArguments max_steps" in str(caught[0].message)
+
+
+def test_no_optimizer_name_can_be_registered_so_the_trainer_takes_a_class_or_an_optimizer(
+        hf, tmp_path):
+    """TrainingArguments(optim=...) knows transformers' own names only (an enum, read when the
+    arguments are made), as docs/porting.md says; the routes it names work: the class and its
+    keywords (the example above), or an optimizer built from them, `optimizers=(opt, None)`."""
+    with pytest.raises(ValueError, match="adana is not a valid OptimizerNames"):
+        hf.training_arguments(str(tmp_path), optim="adana")
+    model = hf.tiny_llama()
+    args = hf.training_arguments(str(tmp_path), steps=3)
+    cls, kwargs = optimizer_cls_and_kwargs(model, args, "adana", omega=0.0)
+    trainer = transformers.Trainer(model, args, train_dataset=hf.CountingSequences(count=24),
+                                   optimizers=(cls(**kwargs), None))
+    with StepRecorder() as recorded:
+        trainer.train()
+    assert type(trainer.optimizer.optimizer) is ADana and trainer.state.global_step == 3
+    assert len(recorded.steps) == 3 and recorded.steps[0]["factor"] < 1  # the Trainer's warm-up
