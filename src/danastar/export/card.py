@@ -25,8 +25,18 @@ def model_card(weights: Weights, mapping: Mapping, max_error: float, tokenizer_n
                f"{config.moe.num_experts_per_tok} per token)")
     loading = ("AutoModelForCausalLM.from_pretrained(path)" if mapping.native else
                "AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)")
-    tokenizer_line = ("tokenizer = AutoTokenizer.from_pretrained(path)\n"
-                      if "tokenizer.json" in tokenizer_note else "")
+    has_tokenizer = "tokenizer.json" in tokenizer_note
+    tokenizer_line = "tokenizer = AutoTokenizer.from_pretrained(path)\n" if has_tokenizer else ""
+    tokenizer_alone = ""
+    if has_tokenizer and not mapping.native:
+        # transformers 5 reads the model's config before the tokenizer, and this config is
+        # defined in modeling_danastar.py: known once the model is loaded, else code to trust
+        tokenizer_alone = ("\nThe tokenizer is transformers' own `PreTrainedTokenizerFast`. "
+                           "Loaded after the model, as above, it asks nothing; loaded alone, "
+                           "`PreTrainedTokenizerFast.from_pretrained(path)` runs no code, "
+                           "where `AutoTokenizer.from_pretrained(path)` in transformers 5 "
+                           "first reads the model's config, defined in `modeling_danastar.py`, "
+                           "and so asks for `trust_remote_code=True`.\n")
     rows = [("step", f"{weights.step:,}")]
     if weights.tokens is not None:
         rows.append(("training tokens", f"{weights.tokens:,}"))
@@ -62,7 +72,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 path = "."  # this directory, or its name on the hub
 model = {loading}
 {tokenizer_line}```
-
+{tokenizer_alone}
 Tokenizer: {tokenizer_note}.
 
 ## Training

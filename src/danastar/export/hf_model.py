@@ -23,7 +23,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GenerationMixin,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 
@@ -327,3 +333,11 @@ class DanastarForCausalLM(PreTrainedModel, GenerationMixin):
             keys = attention_mask[:, -total:].bool()[:, None, None, :]
             allowed = allowed & (keys | (torch.arange(total, device=device) == rows)[None, None])
         return allowed.expand(batch, 1, seq_len, total)
+
+
+# transformers 5 reads a model's config (AutoConfig) before its tokenizer's, so an unknown
+# model type sends `AutoTokenizer.from_pretrained(path)` to ask again whether to run this file.
+# Registered once it is imported (the model loaded with trust_remote_code=True, or danastar
+# itself), "danastar" is a known type: the tokenizer then loads without a question or warning.
+AutoConfig.register(DanastarConfig.model_type, DanastarConfig, exist_ok=True)
+AutoModelForCausalLM.register(DanastarConfig, DanastarForCausalLM, exist_ok=True)
