@@ -15,6 +15,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from danastar.errors import UserError
+
 # A full disk (or quota): a write that fails with these is the user's to fix, not a crash.
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
@@ -103,8 +105,6 @@ def check_output(path: Path, flag: str, *, folder: bool = False) -> None:
     folder is a file or cannot be written into (tried by writing a file there). A missing folder
     is fine: it is created when the output is written, as `train` creates a run directory.
     UserError names ``flag``."""
-    from danastar.errors import UserError
-
     path = Path(path)
     fix = f"give {flag} a path in a writable folder"
     if folder and path.exists() and not path.is_dir():
@@ -128,8 +128,6 @@ def check_output(path: Path, flag: str, *, folder: bool = False) -> None:
 def write_output(path: Path, content: str, flag: str) -> None:
     """Write an output file (``flag``'s) atomically, creating its folder; UserError naming the
     file when the system refuses (a full disk, a folder made read-only meanwhile)."""
-    from danastar.errors import UserError
-
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,9 @@ def available_memory() -> int | None:
 def check_cuda_device(requested: str, index: int, instead: str) -> None:
     """Refuse a `--device` (as given, `requested`) that names CUDA device `index` where this
     machine has no such device; `instead` is the flag to use then (e.g. "--device cpu")."""
-    import torch  # only for the commands that take a --device
+    # torch takes seconds to import, and `danastar generate --help` and `eval --help` import
+    # this module: only a check of a --device pays for it
+    import torch  # noqa: PLC0415
 
     if not torch.cuda.is_available():
         raise UserError(f"--device {requested} asks for a GPU, but no CUDA device is visible; "

@@ -16,7 +16,7 @@ from danastar.config import batch_layout, merge
 from danastar.errors import UserError
 from danastar.models import ModelConfig, build_model
 from danastar.models.expert_parallel import apply_expert_parallel as shard_experts
-from danastar.train import parallel
+from danastar.train import parallel, wrap
 
 from train_helpers import assert_ok, assert_stopped_with_work_left, compared, metrics, run_train
 
@@ -78,14 +78,14 @@ def model_matches_one_process(env: parallel.Distributed, config: ModelConfig) ->
     settings = merge([{"model": {"moe": True},
                        "parallel": {"ep_size": world, "backend": env.backend}}])
     torch.manual_seed(0)
-    model = parallel.parallelize(build_model(config), settings, env)
-    core = parallel.unwrap(model)
+    model = wrap.parallelize(build_model(config), settings, env)
+    core = wrap.unwrap(model)
     generator = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, VOCAB, (2, 12), generator=generator) for _ in range(world)]
 
     losses = [reference(batch, batch) for batch in batches]
     (sum(out.loss for out in losses) / world).backward()
-    with parallel.gradient_sync(model, sync=True):
+    with wrap.gradient_sync(model, sync=True):
         out = model(batches[rank], batches[rank])
         out.loss.backward()
     torch.testing.assert_close(out.loss, losses[rank].loss, rtol=1e-6, atol=1e-6)
@@ -94,7 +94,7 @@ def model_matches_one_process(env: parallel.Distributed, config: ModelConfig) ->
     expected = dict(reference.named_parameters())
     sharded = 0
     for name, param in core.named_parameters():
-        if parallel.is_expert_shard(param):
+        if wrap.is_expert_shard(param):
             sharded += 1
             assert param.to_local().shape[0] == expected[name].shape[0] // world
         grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad

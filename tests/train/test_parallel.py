@@ -7,7 +7,7 @@ import torch
 from danastar.config import merge
 from danastar.errors import UserError
 from danastar.launch.local import torchrun_command, worker_argv
-from danastar.train import parallel
+from danastar.train import parallel, wrap
 
 from train_helpers import command, environment
 
@@ -42,8 +42,8 @@ def test_one_process_on_cpu(monkeypatch):
         torch.device("cpu"),
     )
     model = torch.nn.Linear(2, 2)
-    assert parallel.parallelize(model, merge([]), env) is model  # nothing to wrap
-    with parallel.gradient_sync(model, sync=False):
+    assert wrap.parallelize(model, merge([]), env) is model  # nothing to wrap
+    with wrap.gradient_sync(model, sync=False):
         model(torch.ones(1, 2)).sum().backward()
 
 

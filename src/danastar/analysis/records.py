@@ -14,6 +14,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -226,8 +227,6 @@ class Run:
     def wall_seconds(self) -> float | None:
         """Wall time from the run's first start (run.json) to its last status update, for a run
         that ran in one go (None if it was resumed, or the files do not say)."""
-        from datetime import datetime
-
         try:
             starts = json.loads((self.path / RUN_FILE).read_text())["starts"]
             first, last = starts[0]["at"], self.status["updated"]

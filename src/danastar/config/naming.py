@@ -4,6 +4,7 @@ within the file system's limits; and the checks that the directory can be writte
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 from typing import Optional
@@ -54,8 +55,6 @@ def fit_name(name: str) -> str:
     others."""
     if len(os.fsencode(name)) <= NAME_MAX:
         return name
-    import hashlib
-
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
     head = os.fsencode(name)[: NAME_MAX - len(digest) - 1].decode(errors="ignore")
     return f"{head}-{digest}"

@@ -16,6 +16,7 @@ resumable path), so "prepare again" is always the repair.
 
 from __future__ import annotations
 
+import fcntl  # POSIX only, like the rest of the multi-process machinery
 import hashlib
 import json
 import os
@@ -114,8 +115,6 @@ def ensure_prepared(name_or_dir: str | os.PathLike) -> Path:
             f"prepare it first with `danastar prepare SOURCE --out DIR` and pass DIR."
         )
     make_cache_folder(directory.parent)
-    import fcntl  # POSIX only, like the rest of the multi-process machinery
-
     with open(directory.parent / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not is_prepared(directory) or damage(directory):

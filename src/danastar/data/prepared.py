@@ -22,6 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
+from danastar.data.sources import cache_dir
+from danastar.durable import write_atomic
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, each process checks the files itself
+    fcntl = None
+
 META_FILE = "meta.json"  # ours: written last, so a directory holding it is complete
 RAW_FILES = ("train.bin", "val.bin")  # the original release's GPT-2 token files
 # What the original release's raw train.bin / val.bin hold.
@@ -113,8 +121,6 @@ class CheckCache:
     once: an entry holds for as long as the file keeps its size and modification time."""
 
     def __init__(self, directory: Path):
-        from danastar.data.sources import cache_dir
-
         self.directory = directory.resolve()
         key = hashlib.sha1(str(self.directory).encode()).hexdigest()[:20]
         self.path = cache_dir() / "verified" / f"{key}.json"
@@ -154,8 +160,6 @@ class CheckCache:
         """Best effort: a cache that cannot be written (read-only home) only costs a re-check."""
         if not self.changed:
             return
-        from danastar.durable import write_atomic
-
         with contextlib.suppress(OSError):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, json.dumps(
@@ -167,13 +171,12 @@ class CheckCache:
         """Held while checking: the ranks of a job on one machine check each file once between
         them (the others wait, then find the result cached). Without a usable lock, each checks."""
         handle = None
-        with contextlib.suppress(OSError, ImportError):
-            import fcntl
-
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(self.path.with_suffix(".lock"), "w")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            self.entries = self._read()  # what another process cached while this one waited
+        with contextlib.suppress(OSError):
+            if fcntl is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                handle = open(self.path.with_suffix(".lock"), "w")
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                self.entries = self._read()  # what another process cached while this one waited
         try:
             yield self
         finally:

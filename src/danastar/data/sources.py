@@ -26,6 +26,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from danastar.data.prose import PARTS, deduplicated, part_documents
 from danastar.durable import sha256
 from danastar.errors import UserError
@@ -475,9 +478,6 @@ def _file_documents(file: Path, text_field: str, paragraphs: bool = False) -> It
                     ) from None
                 yield _field(record, text_field, where)
     else:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         try:
             parquet = pq.ParquetFile(file)
         except (pa.ArrowException, OSError) as error:
@@ -545,8 +545,8 @@ def fineweb(
     `data_files` (a glob, a folder, or a list) replaces the hub: use it for a copy of FineWeb on a
     cluster's file system. About 70M GPT-2 tokens per train shard with the default shard size.
     """
-    try:
-        import datasets
+    try:  # the hf extra
+        import datasets  # noqa: PLC0415
     except ImportError:
         raise UserError(
             "the fineweb source needs the `datasets` package; install it with `pip install "

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from importlib.metadata import version
 from pathlib import Path
+
+import tiktoken
+from tiktoken.load import load_tiktoken_bpe
+from tiktoken_ext.openai_public import r50k_pat_str
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from danastar.errors import UserError
 
@@ -53,7 +60,7 @@ class TiktokenTokenizer(Tokenizer):
         self.name = name
         self.vocab_size = encoding.n_vocab
         self.eot_id = encoding.eot_token
-        self.library = f"tiktoken {_version('tiktoken')}"
+        self.library = f"tiktoken {version('tiktoken')}"
 
     def encode(self, text: str) -> list[int]:
         return self.encoding.encode_ordinary(text)
@@ -88,7 +95,7 @@ class HuggingFaceTokenizer(Tokenizer):
         self.tokenizer = tokenizer
         self.name = name
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.library = f"tokenizers {_version('tokenizers')}"
+        self.library = f"tokenizers {version('tokenizers')}"
         eot = next(
             (
                 tokenizer.token_to_id(t)
@@ -130,9 +137,6 @@ def train_bpe(
     Byte-level means every text round-trips exactly and no character is unknown. The result is
     deterministic for the same texts in the same order; id 0 is the end-of-text token.
     """
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
     if vocab_size < 257:
         raise UserError(
             f"a byte-level BPE needs a vocabulary of at least 257 (got {vocab_size}); raise "
@@ -162,8 +166,6 @@ _TIKTOKEN_ALIASES = {
 
 
 def _tiktoken_by_name(spec: str) -> Tokenizer:
-    import tiktoken
-
     encoding_name = _TIKTOKEN_ALIASES.get(spec, spec)
     try:
         encoding = tiktoken.get_encoding(encoding_name)
@@ -181,10 +183,6 @@ def _tiktoken_by_name(spec: str) -> Tokenizer:
 
 def _tiktoken_file(spec: str) -> Tokenizer:
     """A `.tiktoken` BPE file (a path or URL; URLs are cached in `$TIKTOKEN_CACHE_DIR`)."""
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-    from tiktoken_ext.openai_public import r50k_pat_str
-
     try:
         ranks = load_tiktoken_bpe(spec)
     except (OSError, ValueError) as error:
@@ -204,8 +202,6 @@ def _tiktoken_file(spec: str) -> Tokenizer:
 
 
 def _tokenizer_json(spec: str) -> Tokenizer:
-    from tokenizers import Tokenizer as HFTokenizer
-
     path = Path(spec)
     if path.is_dir():
         path = path / "tokenizer.json"
@@ -235,8 +231,6 @@ def load_tokenizer(spec: str) -> Tokenizer:
         return _tiktoken_file(spec)
     if spec.endswith(".json") or os.sep in spec or Path(spec).is_dir():
         return _tokenizer_json(spec)
-    import tiktoken
-
     if spec in _TIKTOKEN_ALIASES or spec in tiktoken.list_encoding_names():
         return _tiktoken_by_name(spec)
     known = ", ".join([*_NAMED, *_TIKTOKEN_ALIASES])
@@ -244,12 +238,6 @@ def load_tokenizer(spec: str) -> Tokenizer:
         f"unknown tokenizer {spec!r}; use one of {known}, a tiktoken encoding name, or a "
         "tokenizer.json path."
     )
-
-
-def _version(package: str) -> str:
-    from importlib.metadata import version
-
-    return version(package)
 
 
 def token_dtype(vocab_size: int) -> str:

@@ -18,7 +18,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
+
+from danastar import __version__
 from danastar.errors import UserError
+from danastar.export.card import model_card
+from danastar.export.mapping import to_hf
+from danastar.export.tokenizer import run_tokenizer, write
+from danastar.models import build_model
+from danastar.models.config import ModelConfig
+from danastar.train.weights import load_weights
 
 PROVENANCE_FILE = "danastar_export.json"  # which run and checkpoint an export came from
 TOLERANCE = 1e-4  # an export whose logits differ more from danastar's is a bug, not rounding
@@ -39,11 +48,8 @@ def export(path: Path, out: Path, *, custom: bool = False) -> Exported:
     """Write the run (or checkpoint) ``path`` as a Hugging Face model directory ``out``.
 
     ``custom`` exports danastar's own class even where a native one exists."""
-    from danastar.export import hf  # first: without the extra, say so before any work
-    from danastar.export.card import model_card
-    from danastar.export.mapping import to_hf
-    from danastar.export.tokenizer import run_tokenizer, write
-    from danastar.train.weights import load_weights
+    # transformers, the export extra: first, so that without it this says so before any work
+    from danastar.export import hf  # noqa: PLC0415
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -72,7 +78,7 @@ def export(path: Path, out: Path, *, custom: bool = False) -> Exported:
         (scratch / PROVENANCE_FILE).write_text(json.dumps({
             "run_dir": str(weights.run_dir.resolve()), "checkpoint": str(weights.checkpoint),
             "step": weights.step, "architecture": mapping.architecture,
-            "max_logit_error": max_error, "danastar_version": _version(),
+            "max_logit_error": max_error, "danastar_version": __version__,
             "model_config": weights.model_config.to_dict(),
         }, indent=1) + "\n")
         if out.exists():
@@ -88,8 +94,7 @@ def export(path: Path, out: Path, *, custom: bool = False) -> Exported:
 def read_export(export_dir: Path):
     """(ModelConfig, danastar state dict) of a ``danastar export`` directory: the export read
     back into danastar's model."""
-    from danastar.export import hf
-    from danastar.models.config import ModelConfig
+    from danastar.export import hf  # noqa: PLC0415 (transformers, the export extra)
 
     try:
         provenance = json.loads((Path(export_dir) / PROVENANCE_FILE).read_text())
@@ -104,10 +109,6 @@ def read_export(export_dir: Path):
 def compare_logits(weights, model, tokens: int = 32, seed: int = 0) -> float:
     """Largest |difference| between danastar's logits and ``model``'s over the real vocabulary,
     on ``tokens`` random tokens (fewer if the context is shorter), float32."""
-    import torch
-
-    from danastar.models import build_model
-
     config = weights.model_config
     reference = build_model(config)
     reference.load_state_dict(weights.state_dict)
@@ -124,9 +125,3 @@ def compare_logits(weights, model, tokens: int = 32, seed: int = 0) -> float:
                         f"earlier checkpoint of {weights.run_dir / 'checkpoints'}, or train the "
                         f"run again with a lower --lr.")
     return (ours - theirs).abs().max().item()  # NaN where only the export's are not finite
-
-
-def _version() -> str:
-    from danastar import __version__
-
-    return __version__

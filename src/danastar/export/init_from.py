@@ -56,7 +56,7 @@ class Source:
 
 def inspect(path: Path, expected: ModelConfig) -> Source:
     """``path`` checked as the starting weights of a run whose model is ``expected``."""
-    _need_safetensors()
+    _safe_open()  # first: without the extra, say so before any work
     path = Path(path).expanduser()
     settings, architecture = _hf_config(path)
     provenance = _read_json(path / PROVENANCE_FILE)
@@ -74,9 +74,7 @@ def inspect(path: Path, expected: ModelConfig) -> Source:
 
 def read(source: Source) -> dict[str, torch.Tensor]:
     """The export's weights under danastar's names, float32 on the CPU (tied weights tied)."""
-    _need_safetensors()
-    from safetensors import safe_open
-
+    safe_open = _safe_open()
     state: dict[str, torch.Tensor] = {}
     for file in source.files:
         with safe_open(str(file), framework="pt") as weights:
@@ -88,9 +86,7 @@ def read(source: Source) -> dict[str, torch.Tensor]:
 def check_finite(source: Source) -> None:
     """Refuse an export holding a NaN or an infinity: each tensor read in turn (one in memory
     at a time), before a run starts from it."""
-    _need_safetensors()
-    from safetensors import safe_open
-
+    safe_open = _safe_open()
     found = []
     for file in source.files:
         with safe_open(str(file), framework="pt") as weights:
@@ -107,13 +103,15 @@ def _refuse_non_finite(path: Path, names: list[str]) -> None:
                         f"--init_from.")
 
 
-def _need_safetensors() -> None:
+def _safe_open():
+    """safetensors' `safe_open`; without the export extra that installs it, one sentence."""
     try:
-        import safetensors  # noqa: F401
+        from safetensors import safe_open  # noqa: PLC0415 (the export extra)
     except ModuleNotFoundError as error:
         if error.name != "safetensors":
             raise
         raise UserError(needs_extra("danastar train --init_from", "export") + ".") from None
+    return safe_open
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,8 +161,7 @@ def weight_files(path: Path) -> tuple[Path, ...]:
 
 def _shapes(files: tuple[Path, ...]) -> dict[str, torch.Tensor]:
     """Each tensor of the files as a meta tensor of its shape: the headers alone are read."""
-    from safetensors import safe_open
-
+    safe_open = _safe_open()
     shapes = {}
     for file in files:
         try:

@@ -17,10 +17,14 @@ cached) exports without one, and ``run_tokenizer`` says why.
 from __future__ import annotations
 
 import base64
-import json
 import tempfile
 from pathlib import Path
 
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+
+from danastar.data.loader import TokenData
+from danastar.data.prepare import ensure_prepared
 from danastar.data.tokenizers import (
     END_OF_TEXT,
     ByteTokenizer,
@@ -29,17 +33,12 @@ from danastar.data.tokenizers import (
     Tokenizer,
 )
 
-TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # tokenizer_config.json's class: standard
-
 
 def run_tokenizer(dataset: str | None) -> tuple[Tokenizer | None, str]:
     """The run's tokenizer, or None and the sentence that says why there is none."""
     if dataset is None or dataset == "synthetic":
         return None, ("the synthetic source has no tokenizer (its tokens are ids): the export "
                       "has none; give it token ids")
-    from danastar.data.loader import TokenData
-    from danastar.data.prepare import ensure_prepared
-
     data = TokenData.open(ensure_prepared(dataset))
     tokenizer = data.tokenizer()
     if tokenizer is None:
@@ -62,9 +61,6 @@ def hf_tokenizer(tokenizer: Tokenizer):
 
 
 def _byte_tokenizer():
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
-
     # ByteLevel spells byte b as the printable character alphabet()[...]; bytes_to_unicode's
     # order is needed to give that character the id b
     vocab = {_byte_char(b): b for b in range(256)}
@@ -86,7 +82,8 @@ def _byte_char(byte: int) -> str:
 
 
 def _from_tiktoken(encoding):
-    from transformers.convert_slow_tokenizer import TikTokenConverter
+    # transformers: the export extra (danastar.export.hf says when it is missing)
+    from transformers.convert_slow_tokenizer import TikTokenConverter  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as scratch:
         # the converter reads a .tiktoken file: base64 token and rank per line
@@ -100,7 +97,7 @@ def _from_tiktoken(encoding):
 
 def write(tokenizer: Tokenizer, out: Path) -> list[str]:
     """Write ``tokenizer`` as ``tokenizer.json`` and its configuration into ``out``."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 (the export extra)
 
     converted = hf_tokenizer(tokenizer)
     eot = converted.id_to_token(tokenizer.eot_id)
@@ -110,10 +107,4 @@ def write(tokenizer: Tokenizer, out: Path) -> list[str]:
     fast = PreTrainedTokenizerFast(tokenizer_object=converted, eos_token=eot, pad_token=eot,
                                    split_special_tokens=ordinary)
     fast.save_pretrained(out)
-    # transformers 5 names its own class (TokenizersBackend), which transformers 4 lacks; both
-    # know PreTrainedTokenizerFast (5's alias of it): a standard class, so no code is run
-    settings_path = out / "tokenizer_config.json"
-    settings = json.loads(settings_path.read_text())
-    settings["tokenizer_class"] = TOKENIZER_CLASS
-    settings_path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
     return sorted(p.name for p in out.iterdir() if "token" in p.name)

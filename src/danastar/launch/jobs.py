@@ -11,6 +11,7 @@ from pathlib import Path
 from danastar.config import TrainConfig, batch_layout, load_config, save_yaml
 from danastar.launch import clusters as cluster_registry
 from danastar.launch.sweep_spec import format_value
+from danastar.train.identity import planned_run_dir
 from danastar.train.plan import check_resume, dry_run
 
 
@@ -33,8 +34,6 @@ def checked_run(train_argv: list[str], run_dir: Path | None, world: int, profile
     `finish_run` does, and refused as `danastar train` would refuse to resume the run that
     `run_dir` holds (the same sentence); writes nothing. `run_dir` None: the automatic
     directory next to `base`, as `danastar train` chooses it."""
-    from danastar.train.identity import planned_run_dir
-
     train_argv, extra, plan, config = validated_run(train_argv, world, profile, lr_multiplier,
                                                     run_dir)
     if run_dir is None:

@@ -23,12 +23,17 @@ process dies, the agent is sent SIGTERM (Linux), so the workers save and stop in
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import parse_args, run
 
 from danastar.rundir.exits import (
     EXPLAINED_EXIT_CODES,
@@ -106,8 +111,6 @@ def prepare_agent() -> None:
     launching process dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        import ctypes
-
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the agent outlives a killed launcher
@@ -156,10 +159,6 @@ def pass_ctrl_c_to_workers(signum, _frame) -> None:
 def torchrun_main(arguments: list[str]) -> int:
     """torchrun's agent with `arguments`; returns the workers' exit code rather than raising
     torchrun's report (each worker has already said what went wrong)."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
-
     # The agent's warnings while workers stop ("Sending process ... closing signal") and its
     # failure report repeat what the workers said; a worker's own traceback still shows.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)

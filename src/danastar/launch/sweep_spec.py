@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import json
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from danastar.config import FLAGS, all_keys
 from danastar.errors import UserError
 from danastar.launch.user_yaml import read_user_yaml
 from danastar.rundir import metrics
@@ -125,8 +127,6 @@ def check_lr_multiplier(value: Any, where: str) -> None:
 def check_key(key: str, where: str) -> None:
     """A sweep key is a dotted config key of `danastar train` or one of SPECIAL_KEYS; anything
     else is refused with the nearest valid key (a flag name is mapped to its key)."""
-    from danastar.config import FLAGS, all_keys
-
     valid = [*all_keys(), *SPECIAL_KEYS]
     if key in valid:
         return
@@ -204,8 +204,6 @@ def run_state(run_dir: Path | str, iterations: int | None = None) -> dict:
     and status.json does not say the run failed. Partial: the run has started (a plan or
     metrics exist) and is resumed from its latest checkpoint when trained again (a failed run
     too: training says again why it fails). New: nothing there yet."""
-    import json
-
     run_dir = Path(run_dir)
     try:
         recorded = json.loads((run_dir / "plan.json").read_text())["plan"]["iterations"]

@@ -12,6 +12,7 @@ from torch.distributed.tensor.parallel import (
     ParallelStyle,
     RowwiseParallel,
     SequenceParallel,
+    parallelize_module,
 )
 
 WRAPPED = "._checkpoint_wrapped_module"  # the path segment checkpoint_wrapper inserts
@@ -62,6 +63,4 @@ def tensor_parallel_plan(model: nn.Module, tp_size: int | None = None) -> dict[s
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh) -> nn.Module:
     """Shard ``model``'s block projections over the 1-D device mesh ``tp_mesh`` in place."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
     return parallelize_module(model, tp_mesh, tensor_parallel_plan(model, tp_mesh.size()))

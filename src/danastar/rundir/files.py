@@ -7,13 +7,14 @@
     <run_dir>/environment.json     git revision, versions, host, world size
     <run_dir>/metrics.jsonl        one JSON object per line (rundir/metrics.py)
     <run_dir>/status.json, STOP    where the run stands, a request to stop (rundir/status.py)
-    <run_dir>/checkpoints/         see train/checkpoint.py
+    <run_dir>/checkpoints/         <kind>-<step>/ each (train/checkpoint.py: what one holds)
     <run_dir>/logs/rank<r>.log     what each rank said
     <run_dir>/previous-<time>/     an earlier run's files, moved aside by a fresh start
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ SUPERSEDED_FILE = "metrics-superseded.jsonl"  # lines a resumed run logs again, 
 STATUS_FILE = "status.json"
 STOP_FILE = "STOP"
 CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_NAME = re.compile(r"^(latest|permanent)-(\d{8})$")  # a checkpoint in it: <kind>-<step>
 LOGS_DIR = "logs"
 
 # What an earlier run leaves in its directory; a fresh start moves these into previous-<time>/.
@@ -39,6 +41,20 @@ RUN_FILES = (CHECKPOINTS_DIR, METRICS_FILE, SUPERSEDED_FILE, CONFIG_FILE, PLAN_F
 # What only a run that trained leaves: config.yaml and plan.json alone are written before the
 # first step too (by `danastar submit`, say), and are no earlier run.
 TRAINED_FILES = (CHECKPOINTS_DIR, METRICS_FILE, RUN_FILE)
+
+
+def checkpoint_dirs(directory: Path) -> list[Path]:
+    """The checkpoint directories in `directory` (a run's checkpoints/) by name, oldest step
+    first (none verified)."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if p.is_dir() and CHECKPOINT_NAME.match(p.name)]
+    return sorted(found, key=lambda p: (checkpoint_step(p), p.name))
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint directory's name says."""
+    return int(CHECKPOINT_NAME.match(path.name).group(2))
 
 
 def has_earlier_run(run_dir: Path) -> bool:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from danastar.errors import UserError
 from danastar.progress import SILENT, Stages
 
 from .exponents import decade_slopes, exponent_between, predicted_exponents, sgd_exponent
@@ -27,11 +28,9 @@ OPTIMIZER_COLORS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:gra
 
 
 def _figure(ncols: int = 1, width: float = 7.0, height: float = 5.0):
-    try:
-        from matplotlib.figure import Figure
+    try:  # matplotlib, of the theory extra: only the plotting functions import it
+        from matplotlib.figure import Figure  # noqa: PLC0415
     except ImportError:
-        from danastar.errors import UserError
-
         raise UserError("the theory figures need matplotlib: pip install 'danastar[theory]' "
                         "(or pip install matplotlib).") from None
     figure = Figure(figsize=(width * ncols, height), layout="constrained")
@@ -374,7 +373,7 @@ def plot_kappa(data: dict):
     figure, (ax,) = _figure()
     kappas = np.asarray(data["kappas"])
     try:
-        from matplotlib import colormaps
+        from matplotlib import colormaps  # noqa: PLC0415 (the theory extra)
         cmap = colormaps["viridis"]
     except ImportError:  # pragma: no cover - very old matplotlib
         cmap = None

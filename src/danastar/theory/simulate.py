@@ -18,7 +18,9 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+from danastar.optim import build_optimizer
 from danastar.progress import SILENT, Stages
 
 from .model import PLRF
@@ -73,10 +75,6 @@ class TorchRunner:
     """The optimizers of danastar.optim, each on a float64 (seeds, d) parameter."""
 
     def __init__(self, optimizers: Sequence[TorchOptimizer], start: np.ndarray):
-        import torch
-
-        from danastar.optim import build_optimizer
-
         self.params, self.built = [], []
         for spec in optimizers:
             param = torch.nn.Parameter(torch.tensor(start, dtype=torch.float64))
@@ -88,8 +86,6 @@ class TorchRunner:
 
     @contextmanager
     def running(self) -> Iterator[None]:
-        import torch
-
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
@@ -101,8 +97,6 @@ class TorchRunner:
         return self.views
 
     def step(self, grads: list[np.ndarray]) -> None:
-        import torch
-
         for param, optimizer, grad in zip(self.params, self.built, grads, strict=True):
             param.grad = torch.from_numpy(grad)
             optimizer.step()
@@ -117,11 +111,12 @@ class JaxRunner:
 
     @contextmanager
     def running(self) -> Iterator[None]:
-        import jax
-        import jax.numpy as jnp
-        import optax
+        # jax and optax: the jax extra, imported when a run asks for framework="jax"
+        import jax  # noqa: PLC0415
+        import jax.numpy as jnp  # noqa: PLC0415
+        import optax  # noqa: PLC0415
 
-        from danastar.optax import OPTIMIZERS
+        from danastar.optax import OPTIMIZERS  # noqa: PLC0415 (imports jax and optax)
 
         previous = jax.config.jax_enable_x64
         jax.config.update("jax_enable_x64", True)

@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import shutil
 import threading
 import time
@@ -38,14 +37,16 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from danastar.durable import fsync_file, out_of_space, publish_dir, sha256
 from danastar.errors import UserError
+from danastar.rundir.files import checkpoint_dirs
 
 if TYPE_CHECKING:
     from danastar.config import CheckpointSection
 
-CHECKPOINT_NAME = re.compile(r"^(latest|permanent)-(\d{8})$")
 CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, set aside for inspection
 STATE_FILE = "state.pt"  # single/DDP: everything in one file
 RUN_STATE_FILE = "run_state.pt"  # DCP: the non-tensor run state beside the shards
@@ -244,9 +245,6 @@ class Checkpointer:
             raise RuntimeError(f"copying a staged checkpoint to {self.directory} failed") from error
 
     def _save_sharded(self, name, step, model, optimizer, run_state) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
         self.wait()  # one background copy at a time, in order (every rank calls save)
         temporary = self.directory / f".tmp-{name}"
         if self.rank == 0:
@@ -367,12 +365,7 @@ class Checkpointer:
 
     def checkpoints(self) -> list[Path]:
         """Checkpoint directories by name, oldest step first (no verification)."""
-        if not self.directory.is_dir():
-            return []
-        found = [
-            p for p in self.directory.iterdir() if p.is_dir() and CHECKPOINT_NAME.match(p.name)
-        ]
-        return sorted(found, key=lambda p: (int(CHECKPOINT_NAME.match(p.name).group(2)), p.name))
+        return checkpoint_dirs(self.directory)
 
     def find_latest(self) -> Optional[Found]:
         """The newest complete checkpoint, setting aside (with a message) any newer one that
@@ -463,9 +456,6 @@ class Checkpointer:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             return state["run_state"]
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
         model_state, optimizer_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optimizer_state}
         dcp.load(state, checkpoint_id=str(found.path))

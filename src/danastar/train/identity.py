@@ -22,6 +22,7 @@ that follow from the iterations (the warm-up when not given, the log-time weight
 
 from __future__ import annotations
 
+import copy
 import functools
 import glob
 import hashlib
@@ -31,11 +32,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from danastar.config import MODEL_MOE_FIELDS, fit_name
+from danastar.config import (
+    MODEL_MOE_FIELDS,
+    batch_layout,
+    default_run_dir,
+    fit_name,
+    make_run_plan,
+)
 from danastar.durable import write_atomic
 from danastar.errors import UserError
 from danastar.optim import get_schedule
-from danastar.rundir.files import RUN_FILE, has_earlier_run
+from danastar.rundir.files import (
+    CHECKPOINTS_DIR,
+    RUN_FILE,
+    checkpoint_dirs,
+    checkpoint_step,
+    has_earlier_run,
+)
+from danastar.train.data import open_tokens
 
 # meta.json keys that describe the tokens themselves (other keys, such as caches of checks that
 # a later `danastar prepare` may add, do not make a different dataset).
@@ -247,8 +261,6 @@ def refusal(run_dir: Path, step: int, refused: list[str], note: str = "") -> Use
 def planned_identity(config, world_size: int, tokens) -> dict[str, Any]:
     """The identity `train` records for `config` on `world_size` processes over `tokens`, worked
     out without building anything: for checks before a run starts."""
-    from danastar.config import batch_layout, make_run_plan
-
     layout = batch_layout(config, world_size)
     plan = make_run_plan(config, tokens.vocab_size, layout.data_parallel_size)
     return run_identity(config, plan, layout, tokens)
@@ -261,10 +273,7 @@ def recorded_changes(run_dir: Path, identity: dict[str, Any]
     there (no checkpoint), or when the run predates run.json (`train` compares its checkpoint's
     plan when it starts). The step is the newest checkpoint's, read from its name and not
     verified: a corrupt newest checkpoint makes this check stricter than `train`'s, never looser."""
-    from danastar.train.checkpoint import CHECKPOINT_NAME, Checkpointer
-
-    steps = [int(CHECKPOINT_NAME.match(path.name).group(2))
-             for path in Checkpointer(run_dir / "checkpoints", sharded=False).checkpoints()]
+    steps = [checkpoint_step(path) for path in checkpoint_dirs(run_dir / CHECKPOINTS_DIR)]
     record = read_run_file(run_dir) if steps else None
     if record is None:
         return None
@@ -370,11 +379,7 @@ def identity_digest(identity: dict[str, Any]) -> str:
 
 def newest_step(run_dir: Path) -> int:
     """The step of the newest checkpoint in `run_dir` by its name (0 when there is none)."""
-    from danastar.train.checkpoint import CHECKPOINT_NAME, Checkpointer
-
-    return max((int(CHECKPOINT_NAME.match(path.name).group(2))
-                for path in Checkpointer(run_dir / "checkpoints", sharded=False).checkpoints()),
-               default=0)
+    return max(map(checkpoint_step, checkpoint_dirs(run_dir / CHECKPOINTS_DIR)), default=0)
 
 
 def holds_this_run(run_dir: Path, identity: dict[str, Any], older_is_ours: bool) -> bool:
@@ -397,9 +402,6 @@ def planned_run_dir(config, world_size: int, base: Optional[Path] = None
     out without writing or preparing anything: --run_dir as given, else the automatic one next
     to `base` (default: `default_run_dir`). Where the data is not prepared yet nothing could be
     compared, and the base is the answer (training chooses again once it is)."""
-    from danastar.config import default_run_dir
-    from danastar.train.data import open_tokens
-
     if config.logging.run_dir:
         return Path(config.logging.run_dir), None
     base = default_run_dir(config) if base is None else base
@@ -415,8 +417,6 @@ def planned_run_dir(config, world_size: int, base: Optional[Path] = None
 
 def config_with_iterations(config, iterations: int):
     """A copy of `config` with `train.iterations` set."""
-    import copy
-
     changed = copy.deepcopy(config)
     changed.train.iterations = iterations
     return changed

@@ -18,8 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy
 import torch
 
+import danastar
 from danastar.errors import UserError
 from danastar.progress import bar
 from danastar.rundir.files import LOGS_DIR, METRICS_FILE
@@ -59,10 +61,6 @@ def peak_flops(device: torch.device, given: Optional[float] = None) -> Optional[
 
 def environment(world_size: int) -> dict[str, Any]:
     """What produced this run: code revision, versions and the machine."""
-    import numpy
-
-    import danastar
-
     source = Path(danastar.__file__).resolve().parent
     return {
         "git_revision": git(["rev-parse", "HEAD"], source),
@@ -151,8 +149,8 @@ class RunLogger:
         if config.logging.wandb:
             self.wandb_run = start_wandb(config, self.run_dir, resumed)
         if config.logging.tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
+            try:  # the tensorboard extra
+                from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
             except ImportError:
                 raise UserError(
                     "TensorBoard is not installed; pip install 'danastar[tensorboard]' "
@@ -233,8 +231,8 @@ def tracker_scalars(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def start_wandb(config, run_dir: Path, resumed: bool):
-    try:
-        import wandb
+    try:  # the wandb extra
+        import wandb  # noqa: PLC0415
     except ImportError:
         raise UserError(
             "wandb is not installed; pip install 'danastar[wandb]' or pass --no_wandb."

@@ -69,6 +69,7 @@ from danastar.train.start import (
     write_run_files,
 )
 from danastar.train.step import StepResult, train_step
+from danastar.train.wrap import parallelize, unwrap
 
 
 def train(config: TrainConfig, plan: Plan | None = None,
@@ -120,8 +121,8 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     if initial_weights is not None and start.found is None:  # before sharding: whole tensors
         notes.append(initialise(model, initial_weights, env, config.train.init_from))
     flops_per_token = model.flops_per_token(layout.sequence_length)
-    model = parallel.parallelize(model, config, env)
-    core = parallel.unwrap(model)  # the model itself: parameter groups, sampling, checkpoints
+    model = parallelize(model, config, env)
+    core = unwrap(model)  # the model itself: parameter groups, sampling, checkpoints
     optimizer, schedule = make_optimizer(plan, config, core.param_groups(plan.weight_decay))
 
     # -- logging and resume --------------------------------------------------------------------
@@ -146,7 +147,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     cleanup.callback(preemption.uninstall)
     cleanup.callback(checkpointer.wait)  # a checkpoint still being copied from $SLURM_TMPDIR
     t = Training(config, env, layout, plan, run_dir, data, model, core, optimizer, identity, log,
-                 checkpointer, preemption, autocast_context(config, env.device),
+                 checkpointer, preemption, parallel.autocast_context(config, env.device),
                  flops_per_token, peak_flops(env.device, config.train.peak_flops), step,
                  skipped_steps=resumed.skipped_steps if resumed else 0,
                  # routing counts per expert (MoE); checkpoints from before it start them at 0
@@ -410,11 +411,3 @@ def next_commands(run_dir: Path, data: TrainingData, config: TrainConfig) -> str
         prompt = "ROMEO:" if config.data.dataset == "shakespeare" else "The"
         line += f"  |  danastar generate {where} --prompt {shlex.quote(prompt)}"
     return line
-
-
-def autocast_context(config: TrainConfig, device: torch.device):
-    """bf16 autocast on CUDA by default; off on CPU unless asked for (it is slow there)."""
-    wanted = config.train.autocast
-    if wanted == "bf16" or (wanted == "auto" and device.type == "cuda"):
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()

@@ -25,19 +25,30 @@ from danastar.config import (
     repetition_warning,
     schedule_options,
 )
-from danastar.data.prepared import META_FILE, RAW_META, prepared_format
+from danastar.data import prepare, sources
+from danastar.data.prepared import META_FILE, RAW_META, prepared_format, repair_command
 from danastar.errors import UserError
 from danastar.hparams import short_run_warning
 from danastar.machine import available_memory
+from danastar.models import build_model
 from danastar.models.config import ModelConfig
+from danastar.rundir.lock import check_free
 from danastar.scaling import Plan, meta_model
+from danastar.train import identity
+from danastar.train.data import SYNTHETIC_TRAIN_TOKENS, SYNTHETIC_VOCAB_SIZE, open_tokens
+from danastar.train.identity import planned_run_dir
+from danastar.train.optimizer import make_optimizer
+from danastar.train.parallel import (
+    SHARDED_BACKENDS,
+    autocast_context,
+    choose_device,
+    resolve_backend,
+)
 
 
 def planned_run(config: TrainConfig, world_size: int | None = None, run_dir: Path | None = None,
                 run_dir_note: str | None = None) -> tuple[Plan, dict]:
     """The run's plan, and with it the dry run's JSON-ready record (see `dry_run`)."""
-    from danastar.train.identity import planned_run_dir
-
     if world_size is None:  # `danastar submit` knows the world it asks SLURM for
         world_size = int(os.environ.get("WORLD_SIZE", config.parallel.nproc))
     layout = batch_layout(config, world_size)
@@ -103,8 +114,6 @@ def checked_start(config: TrainConfig, run_dir: Path, run_dir_note: str | None =
     function for the dry run and the real start, so that a dry run passes only what training
     would. Refuses a directory another live process holds (its lock probed, not taken: training
     takes it when it starts) and a resume training would refuse; writes nothing."""
-    from danastar.rundir.lock import check_free
-
     check_free(run_dir, "use another --run_dir")  # said first, before any planning
     plan, planned = planned_run(config, run_dir=run_dir, run_dir_note=run_dir_note)
     check_resume(config, run_dir, planned["batch_layout"]["world_size"])
@@ -116,20 +125,14 @@ def check_dataset(dataset: str) -> None:
     a folder that does not exist or holds no prepared data, under a name that is no source. A
     source named but not prepared yet is planned from its name (a plan needs no data; a run here
     does: `train.data.check_prepared_here` refuses a source training would not prepare)."""
-    from danastar.data.prepare import ensure_prepared
-    from danastar.data.sources import SOURCES
-
-    if dataset != "synthetic" and dataset not in SOURCES:
-        ensure_prepared(dataset)  # a name that is no source: opened as it is, or refused
+    if dataset != "synthetic" and dataset not in sources.SOURCES:
+        prepare.ensure_prepared(dataset)  # a name that is no source: opened as it is, or refused
 
 
 def check_resume(config: TrainConfig, run_dir: Path, world_size: int) -> None:
     """Refuse, as training would when it resumes (the same sentence), to continue the run that
     `run_dir` holds with settings that change its trajectory. Reads the directory, writes nothing;
     data not prepared yet is compared by training once it is."""
-    from danastar.train import identity
-    from danastar.train.data import open_tokens
-
     if not config.checkpoint.auto_resume or not identity.has_earlier_run(run_dir):
         return  # training starts afresh there, moving an earlier run aside
     tokens = open_tokens(config, prepare=False)
@@ -146,8 +149,6 @@ def check_optimizer_settings(plan, config: TrainConfig):
     """Build the planned optimizer and schedule over the real model's parameter groups, with the
     model built on the meta device (no memory, no initialisation), so that a dry run rejects the
     settings training would reject; returns that model (for its FLOPs)."""
-    from danastar.train.optimizer import make_optimizer
-
     model = meta_model(model_config(config, plan))  # the one the plan counted
     make_optimizer(plan, config, model.param_groups(plan.weight_decay))
     return model
@@ -155,8 +156,6 @@ def check_optimizer_settings(plan, config: TrainConfig):
 
 def planned_vocab_size(dataset: str) -> tuple[int, str]:
     """(vocabulary size, where it comes from) of a dataset, prepared or not."""
-    from danastar.data import prepare, sources
-
     gpt2_vocab_size = RAW_META["vocab_size"]  # what raw token files hold (FineWeb's tokenizer too)
     path = Path(dataset).expanduser()
     for directory in (path, prepare.default_data_dir(dataset)):
@@ -166,16 +165,12 @@ def planned_vocab_size(dataset: str) -> tuple[int, str]:
             if meta is None or not isinstance(meta.get("vocab_size"), int):
                 if dataset in prepare.AUTO_PREPARED and directory != path:
                     continue  # training prepares this default directory again before it starts
-                from danastar.data.prepared import repair_command
-
                 raise UserError(f"{directory / META_FILE} is unreadable; repair the directory "
                                 f"with {repair_command(directory, meta)}.")
             return int(meta["vocab_size"]), f"{directory / META_FILE}"
         if layout == "raw":
             return gpt2_vocab_size, "raw GPT-2 train.bin/val.bin"
     if dataset == "synthetic":
-        from danastar.train.data import SYNTHETIC_VOCAB_SIZE
-
         return SYNTHETIC_VOCAB_SIZE, "the synthetic source"
     if dataset in sources.SOURCES and dataset != "fineweb":
         return sources.Corpus.default_vocab_size, f"the BPE {dataset} is prepared with on first use"
@@ -185,11 +180,7 @@ def planned_vocab_size(dataset: str) -> tuple[int, str]:
 def planned_train_tokens(dataset: str) -> tuple[int | None, str]:
     """(training tokens, where the number comes from) of a dataset, prepared or not; None where
     it is not known before the data is prepared."""
-    from danastar.data import prepare, sources
-
     if dataset == "synthetic":
-        from danastar.train.data import SYNTHETIC_TRAIN_TOKENS
-
         return SYNTHETIC_TRAIN_TOKENS, "the synthetic source"
     path = Path(dataset).expanduser()
     for directory in (path, prepare.default_data_dir(dataset)):
@@ -234,10 +225,6 @@ def measure_step(config: TrainConfig, planned: dict, plan: Plan | None = None
     towards the run's micro-batch for a few seconds at most; the last two give its fixed cost
     and its FLOP rate (the model's FLOPs per token, as for the MFU), scaled to the run's batch.
     One optimizer step is timed as it is. `plan`: the run's (None: planned again)."""
-    import torch
-
-    from danastar.train.parallel import choose_device
-
     try:
         device = choose_device(config.train.device)
     except UserError as error:
@@ -319,11 +306,6 @@ class StepTimer:
     its optimizer step timed."""
 
     def __init__(self, config: TrainConfig, plan: Plan, device) -> None:
-        import torch
-
-        from danastar.models import build_model
-        from danastar.train.loop import autocast_context
-
         self.config, self.plan, self.device = config, plan, device
         self.full = model_config(config, plan)
         self.stand_in = timing_stand_in(self.full)
@@ -334,14 +316,10 @@ class StepTimer:
         self.autocast = autocast_context(config, device)
 
     def synchronize(self) -> None:
-        import torch
-
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     def forward_backward(self, batch: int, length: int) -> float:
-        import torch
-
         tokens = torch.randint(self.plan.vocab_size, (batch, length), device=self.device)
         self.synchronize()
         started = time.perf_counter()
@@ -388,8 +366,6 @@ class StepTimer:
         """Seconds of one optimizer step, after a first that creates the optimizer's state: the
         faster of two when they are short (and so easily delayed), else the one (a large model's
         step on a CPU takes seconds, which a second would only double)."""
-        from danastar.train.optimizer import make_optimizer
-
         optimizer, _ = make_optimizer(self.plan, self.config,
                                       self.model.param_groups(self.plan.weight_decay))
         optimizer.step()
@@ -411,8 +387,6 @@ def training_memory(config: TrainConfig, plan: Plan, world_size: int, device
     each process builds the whole model in float32 before it shards it, and holds its share of
     the gradients and two optimizer states (each in `--state_dtype`); activations come on top.
     On a CPU the `--nproc` processes share the memory, on GPUs each has its own."""
-    from danastar.train.parallel import SHARDED_BACKENDS, resolve_backend
-
     backend = resolve_backend(config.parallel.backend, world_size)
     shards = world_size if backend in SHARDED_BACKENDS or config.parallel.tp_size > 1 else 1
     state_bytes = 2 if config.optim.state_dtype == "bfloat16" else 4
@@ -429,8 +403,6 @@ def memory_problem(config: TrainConfig, plan: Plan, world_size: int, device) -> 
     free = free_memory(device)
     if free is None or need <= free:
         return None
-    import torch
-
     where = (f"GPU {torch.cuda.get_device_name(device)} has {free / 2**30:.1f} GiB free"
              if device.type == "cuda" else f"machine has {free / 2**30:.1f} GiB available")
     each = f" in {processes} processes" if processes > 1 else ""
@@ -441,8 +413,6 @@ def memory_problem(config: TrainConfig, plan: Plan, world_size: int, device) -> 
 
 def free_memory(device) -> int | None:
     """Bytes free on `device` (a CPU: the memory available to new processes), None if unknown."""
-    import torch
-
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     return available_memory()

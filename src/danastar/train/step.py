@@ -16,6 +16,7 @@ from danastar.optim.dtensors import local
 from danastar.train import parallel
 from danastar.train.data import TrainingData
 from danastar.train.routing import RoutingSums
+from danastar.train.wrap import gradient_sync
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: T
     routing = RoutingSums(env.device)
     for micro_step in range(acc_steps):
         inputs, targets = data.train_batch(step, micro_step)
-        with parallel.gradient_sync(model, sync=micro_step == acc_steps - 1):
+        with gradient_sync(model, sync=micro_step == acc_steps - 1):
             with autocast:
                 out = model(inputs, targets)
             (out.loss / acc_steps).backward()

@@ -22,11 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
+import yaml
 
+from danastar.config import load_config, make_run_plan, model_config
 from danastar.errors import UserError
+from danastar.models import build_model
 from danastar.models.config import ModelConfig
 from danastar.rundir import metrics
 from danastar.rundir.files import METRICS_FILE, MODEL_CONFIG_FILE
+from danastar.train.checkpoint import META_FILE, STATE_FILE, Checkpointer, verify
 
 
 @dataclasses.dataclass
@@ -84,8 +89,6 @@ def _say(message: str) -> None:
 
 def find_checkpoint(path: Path, say=_say, using: str = "using") -> tuple[Path, Path, dict]:
     """(run directory, checkpoint folder, its meta) for a run directory or a checkpoint folder."""
-    from danastar.train.checkpoint import META_FILE, Checkpointer, verify
-
     if (path / META_FILE).is_file():
         meta, problem = verify(path)
         if meta is None:
@@ -122,8 +125,6 @@ def _model_config(run_dir: Path) -> ModelConfig:
             raise UserError(f"{saved} cannot be read ({error}); restore it from the run's "
                             "copy or delete it to rebuild the model from config.yaml.") from None
     # Older runs: the model config as training built it, from the run's settings and plan.
-    from danastar.config import load_config, make_run_plan, model_config
-
     try:
         config, _ = load_config(["--config", str(run_dir / "config.yaml")])
         saved_plan = json.loads((run_dir / "plan.json").read_text())
@@ -136,15 +137,9 @@ def _model_config(run_dir: Path) -> ModelConfig:
 
 
 def _read_state(checkpoint: Path, layout: str, config: ModelConfig) -> dict[str, torch.Tensor]:
-    from danastar.train.checkpoint import STATE_FILE
-
     if layout == "single":
         state = torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
         return state["model"]
-    import torch.distributed.checkpoint as dcp
-
-    from danastar.models import build_model
-
     # DCP fills tensors of the right shapes in place: the model's own, built without memory
     with torch.device("meta"):
         template = build_model(config).state_dict()
@@ -169,8 +164,6 @@ def _identity(run_dir: Path) -> dict[str, Any]:
 
 def _dataset(run_dir: Path) -> str | None:
     """The run's ``data.dataset`` setting, from its config.yaml (every run directory has one)."""
-    import yaml
-
     try:
         settings = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError):

@@ -21,7 +21,7 @@ from danastar.analysis.plots.style import (
     shade,
 )
 from danastar.analysis.records import Run, dataset_labels
-from danastar.analysis.table import Best, check_baseline
+from danastar.analysis.table import Best, best_per_size, check_baseline
 from danastar.errors import UserError
 
 
@@ -159,8 +159,6 @@ def _scaling_legends(figure, ax, optimizers: list[tuple], fitted: bool,
 def best_lr_curves(runs: Sequence[Run]) -> list[Run]:
     """The runs of each optimizer's best LR per size (`table.best_per_size`: at the sweep
     budget, every seed), in the order of the table."""
-    from danastar.analysis.table import best_per_size
-
     return [run for best in best_per_size(runs)
             for run in sorted(best.runs, key=lambda r: r.seed)]
 

@@ -119,7 +119,7 @@ def lrlaw_figure(runs: Sequence[Run], *, k: int = 5, omega: float = DEFAULT_OMEG
         raise UserError(f"an LR law is fitted through swept LRs, {SWEPT_LRS} or more per size, "
                         f"and these sizes have fewer: {listed}; sweep LRs there (danastar "
                         "sweep), or pass --allow_unswept to fit through them anyway.")
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # noqa: PLC0415 (the plots extra, once a figure is drawn)
 
     figure, axes = new_figure(5.5, 4.5, ncols=len(fittable))
     results = {}
@@ -189,7 +189,7 @@ def lr_sensitivity(runs: Sequence[Run], *, min_lrs: int = sensitivity.MIN_LRS):
     size's parabola in ln lr (dashed). Returns (figure, {optimizer: {heads: parabola}})."""
     groups = by_optimizer(budgets.lr_sweep_runs(
         complete_runs(runs, "an LR-sensitivity figure")))
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # noqa: PLC0415 (the plots extra, once a figure is drawn)
 
     figure, axes = new_figure(5.5, 4.5, ncols=len(groups))
     results: dict[str, dict[tuple[str, int], sensitivity.Parabola]] = {}

@@ -48,7 +48,7 @@ def shade(hex_colour: str, rank: int, count: int) -> tuple[float, float, float]:
     """The optimizer's colour, lighter for smaller sizes (rank 0), darker for larger ones: from
     the colour mixed 45% with white to the colour mixed 45% with black, through the colour
     itself, so that every shade stays visible on white and neighbours differ."""
-    from matplotlib.colors import to_rgb
+    from matplotlib.colors import to_rgb  # noqa: PLC0415 (the plots extra, as below)
 
     rgb = to_rgb(hex_colour)
     if count <= 1:
@@ -62,8 +62,10 @@ def shade(hex_colour: str, rank: int, count: int) -> tuple[float, float, float]:
 
 
 def new_figure(width: float = 7.0, height: float = 4.5, ncols: int = 1, nrows: int = 1):
+    # matplotlib, the plots extra, is imported once a figure is drawn: `danastar plot --help`
+    # and the tables start without it.
     try:
-        from matplotlib.figure import Figure
+        from matplotlib.figure import Figure  # noqa: PLC0415
     except ImportError as error:
         raise UserError("figures need matplotlib; install it with `pip install "
                         "danastar[plots]`.") from error
@@ -73,7 +75,7 @@ def new_figure(width: float = 7.0, height: float = 4.5, ncols: int = 1, nrows: i
 
 def plain_log_axis(axis) -> None:
     """Log-scale tick labels as plain numbers (2.1, not 2.1×10⁰): losses span less than a decade."""
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import ScalarFormatter  # noqa: PLC0415 (the plots extra)
 
     for formatter in (axis.set_major_formatter, axis.set_minor_formatter):
         plain = ScalarFormatter()
@@ -112,7 +114,12 @@ def lr_axis(ax, lrs: Sequence[float]) -> None:
     """A log LR axis labelled at 1, 2 and 5 of each decade (only 1 past 1.5 decades) in a
     short form (2e-3): matplotlib's own minor labels collide on ranges of about a decade, and
     without them a range inside one decade has no label at all."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+    from matplotlib.ticker import (  # noqa: PLC0415 (the plots extra)
+        FuncFormatter,
+        LogLocator,
+        MaxNLocator,
+        NullFormatter,
+    )
 
     ax.set_xscale("log")
     decades = math.log10(max(lrs) / min(lrs)) if lrs and min(lrs) > 0 else 0.0

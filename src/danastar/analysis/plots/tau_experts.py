@@ -24,9 +24,10 @@ def tau(collections: Sequence[tau_maths.Collection], param: str | None = None, t
     summary, each panel the mean CDF of one parameter type, and for a mixture of experts a fifth
     panel (2×3), the mean CDF of the routed experts' per-expert slices; with `param`, that
     tensor alone."""
-    from matplotlib import colormaps
-    from matplotlib.colors import LogNorm, Normalize
-    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+    # matplotlib, the plots extra, once a figure is drawn (as in style.new_figure)
+    from matplotlib import colormaps  # noqa: PLC0415
+    from matplotlib.colors import LogNorm, Normalize  # noqa: PLC0415
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator  # noqa: PLC0415
 
     steps = [c.step for c in collections]
     if param is None:
@@ -81,7 +82,7 @@ def tau(collections: Sequence[tau_maths.Collection], param: str | None = None, t
     if not drawn:
         raise UserError("the τ statistics hold no embedding, attention, MLP or output tensor; "
                         "plot one with --param NAME.")
-    from matplotlib.cm import ScalarMappable
+    from matplotlib.cm import ScalarMappable  # noqa: PLC0415 (the plots extra)
 
     bar = figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=[ax for _, ax in panels],
                           shrink=0.8)
