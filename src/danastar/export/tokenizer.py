@@ -17,6 +17,7 @@ cached) exports without one, and ``run_tokenizer`` says why.
 from __future__ import annotations
 
 import base64
+import json
 import tempfile
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from danastar.data.tokenizers import (
     TiktokenTokenizer,
     Tokenizer,
 )
+
+TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # tokenizer_config.json's class: standard
 
 
 def run_tokenizer(dataset: str | None) -> tuple[Tokenizer | None, str]:
@@ -107,4 +110,10 @@ def write(tokenizer: Tokenizer, out: Path) -> list[str]:
     fast = PreTrainedTokenizerFast(tokenizer_object=converted, eos_token=eot, pad_token=eot,
                                    split_special_tokens=ordinary)
     fast.save_pretrained(out)
+    # transformers 5 names its own class (TokenizersBackend), which transformers 4 lacks; both
+    # know PreTrainedTokenizerFast (5's alias of it): a standard class, so no code is run
+    settings_path = out / "tokenizer_config.json"
+    settings = json.loads(settings_path.read_text())
+    settings["tokenizer_class"] = TOKENIZER_CLASS
+    settings_path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
     return sorted(p.name for p in out.iterdir() if "token" in p.name)
