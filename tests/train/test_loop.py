@@ -14,7 +14,7 @@ from danastar.config import load_config
 from danastar.errors import UserError
 from danastar.launch import sweep_spec
 from danastar.rundir.status import read_status
-from danastar.train import loop
+from danastar.train import loop, parts
 from danastar.train import optimizer as optimizer_module
 from danastar.train import step as step_module
 
@@ -162,7 +162,7 @@ def test_a_run_whose_every_step_was_skipped_fails_and_is_never_complete(tmp_path
 
 
 def test_a_run_whose_final_validation_loss_is_not_finite_fails(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "evaluation", lambda *args: (float("nan"), {}))
+    monkeypatch.setattr(parts, "evaluation", lambda *args: (float("nan"), {}))
     config, _ = load_config([*TINY, "--iterations", "3", "--run_dir", str(tmp_path)])
     with pytest.raises(UserError, match="its final validation loss is nan"):
         loop.train(config)

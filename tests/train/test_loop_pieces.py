@@ -8,8 +8,9 @@ import torch
 from danastar.config import CheckpointSection
 from danastar.models import ModelConfig, build_model
 from danastar.optim import build_optimizer
-from danastar.train.loop import checkpoint_kind, train_step
+from danastar.train.checkpoint import checkpoint_kind
 from danastar.train.parallel import Distributed
+from danastar.train.step import train_step
 
 
 class FixedBatches:
