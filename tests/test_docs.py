@@ -8,7 +8,10 @@
   after writing the page's `# PATH` yaml files and stand-ins for its placeholders.
 * `test_illustration`: each block after `<!-- not run: REASON -->` is listed as skipped, with
   its reason (`pytest -ra` prints them).
-* The static checks below: every code block is run or marked, and no command writes into docs/.
+* The static checks below: every code block is run or marked, no command writes into docs/, and
+  the files a command writes go under `scratch/` (git-ignored), so that a reader who runs the
+  pages in a checkout leaves its root clean; `test_page_commands` checks that the root of the
+  page's folder holds nothing else afterwards.
 
 tests/doc_blocks.py reads the pages and runs a page's commands.
 """
@@ -50,6 +53,10 @@ SLOW_PAGES = {"README.md", "docs/analysis.md", "docs/export.md", "docs/moe.md",
 # imports tests/analysis/fake_runs.py; a study's report writes under docs/): copied into the
 # page's folder when its commands name docs/ or studies/.
 COPIED = ("docs", "studies", "tests/analysis")
+# Where the pages' commands may write in the folder they run in: runs (train's default), prepared
+# data, and everything else (figures, tables, exports, task files) under scratch/.
+WRITABLE = ("scratch", "runs", "data")
+OUTPUT_FLAGS = ("--out", "--json", "--csv")  # a file or folder a command writes
 
 
 def environment() -> dict[str, str]:
@@ -139,6 +146,12 @@ def test_page_commands(page, tmp_path):
              if path.read_bytes() != (ROOT / path.relative_to(tmp_path)).read_bytes()]
     assert not stale, (f"{page}: its commands rebuilt committed files differently: "
                        f"{', '.join(stale)}; run them here and commit what they write")
+    made = {Path(block.file_path).parts[0] for block in blocks if block.file_path}
+    expected = {*WRITABLE, *made, *(Path(folder).parts[0] for folder in COPIED),
+                *(Path(placeholder).parts[0] for placeholder in STAND_INS), ".doc_commands.json"}
+    stray = sorted(path.name for path in tmp_path.iterdir() if path.name not in expected)
+    assert not stray, (f"{page}: its commands left {', '.join(stray)} in the folder they ran in; "
+                       f"write under scratch/ instead")
 
 
 def rebuilt_text_files(copy: Path) -> list[Path]:
@@ -195,6 +208,28 @@ def test_no_doc_command_writes_into_docs():
             if inside := written_into_docs(split_environment(words)[1]):
                 problems.append(f"{block.name}: `{shlex.join(words)}` writes into {inside}")
     assert not problems, "\n".join(problems)
+
+
+def test_what_a_doc_command_writes_goes_under_scratch():
+    """Figures, tables and exports of the examples go to one git-ignored folder (runs go to
+    runs/, prepared data to data/, both ignored too)."""
+    problems = []
+    for block in BLOCKS:
+        if not block.is_shell:
+            continue
+        try:
+            block_commands = commands(block)
+        except ValueError:  # an illustration need not be valid shell
+            continue
+        for words in block_commands:
+            _, command = split_environment(words)
+            for flag, value in zip(command, command[1:]):
+                if flag in OUTPUT_FLAGS and value != "-" and not value.startswith(
+                        tuple(f"{folder}/" for folder in WRITABLE)):
+                    problems.append(f"{block.name}: `{shlex.join(words)}` writes {value}")
+    assert not problems, "write under scratch/:\n" + "\n".join(problems)
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert all(any(line.strip("/") == folder for line in ignored) for folder in WRITABLE)
 
 
 def test_the_small_settings_keep_the_command_and_only_shrink_it():

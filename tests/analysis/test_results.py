@@ -66,6 +66,21 @@ def test_vs_adamw_adds_the_multiplier_and_csv_writes_a_file(sweep, capsys, tmp_p
     with out.open() as handle:
         table = list(csv.DictReader(handle))
     assert len(table) == 6 and "multiplier" in table[0]
+    assert capsys.readouterr().out == (f"wrote 6 rows of the best LRs with their multiplier "
+                                       f"against adamw to {out}\n")
+
+
+def test_a_written_file_is_said_in_one_line_and_standard_output_keeps_the_table_alone(
+        sweep, capsys, tmp_path):
+    out = tmp_path / "runs.json"
+    assert main(["results", str(sweep), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert capsys.readouterr().out == f"wrote {len(rows)} rows of the run table to {out}\n"
+    assert main(["results", str(sweep), "--best", "--json", "-", "--csv", str(tmp_path / "b")]) == 0
+    captured = capsys.readouterr()
+    assert len(json.loads(captured.out)) == 6  # the JSON alone, parsed whole
+    assert captured.err == (f"wrote 6 rows of the best LR per optimizer and size to "
+                            f"{tmp_path / 'b'}\n")
 
 
 def test_plain_table_when_not_a_terminal(sweep, capsys):

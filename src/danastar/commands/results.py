@@ -183,6 +183,9 @@ def _table(runs, args, baseline) -> tuple[list[dict], tuple[str, ...]]:
 
 
 def _write_files(args, rows: list[dict], columns) -> None:
+    """Each file asked for, and a line saying what went where (on standard error when a table
+    goes to standard output, which then holds the table alone)."""
+    said = sys.stderr if "-" in (args.csv, args.json) else sys.stdout
     if args.csv:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else list(columns))
@@ -191,6 +194,19 @@ def _write_files(args, rows: list[dict], columns) -> None:
         _write(args.csv, buffer.getvalue(), "--csv")
     if args.json:
         _write(args.json, json.dumps(rows, indent=1) + "\n", "--json")
+    for target in (args.csv, args.json):
+        if target not in (None, "-"):
+            print(f"wrote {len(rows)} row{'s' * (len(rows) != 1)} of {_table_name(args)} to "
+                  f"{target}", file=said)
+
+
+def _table_name(args) -> str:
+    """Which table the flags asked for, as the line after a written file names it."""
+    if args.within_size:
+        return f"multipliers against {args.vs} within each size"
+    if args.vs:
+        return f"the best LRs with their multiplier against {args.vs}"
+    return "the best LR per optimizer and size" if args.best else "the run table"
 
 
 def _print_notes(runs, rows: list[dict], args, baseline) -> None:
