@@ -8,8 +8,8 @@ the plan, resume if a checkpoint exists, then loop over optimizer steps: apply t
 `train_step` (accumulate gradients over `acc_steps` micro-batches, syncing only on the last;
 clip the global gradient norm; step), then the parts of `train/parts.py`, each built from its
 config section and owning its cadence: the metrics, the evaluation, the stop and the
-checkpoint, with `Progress` (where the run stands) passed along. Batches are a pure function of the step, so resuming from
-a checkpoint reproduces the uninterrupted run exactly.
+checkpoint, with `Progress` (where the run stands) passed along. Batches are a pure function
+of the step, so resuming from a checkpoint reproduces the uninterrupted run exactly.
 
 Exit codes (rundir/exits.py): 0 only when the run has reached its total iterations with a step
 that trained and a finite final validation loss, 2 a user error (such as a diverged run, a run
