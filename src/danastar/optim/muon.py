@@ -55,7 +55,7 @@ def uses_muon(name: str | None, param: torch.Tensor) -> bool:
 def holds_whole_matrices(tensor: DTensor) -> bool:
     """Whether every rank's shard of a DTensor stack (E, out, in) holds whole (out, in) matrices:
     it is split along its first dimension only (as FSDP2 and expert parallelism split experts)."""
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Shard  # noqa: PLC0415  loaded once a DTensor exists (dtensors.py)
 
     return tensor.ndim == 3 and all(
         placement.is_replicate() or (type(placement) is Shard and placement.dim == 0)
@@ -73,7 +73,10 @@ def orthogonalise(update: torch.Tensor, coefficients, steps: int, eps: float) ->
     tensors take the path they always took.
     """
     if is_dtensor(update):
-        from torch.distributed.tensor import DTensor, distribute_tensor
+        from torch.distributed.tensor import (  # noqa: PLC0415  loaded once a DTensor exists
+            DTensor,
+            distribute_tensor,
+        )
 
         mesh, placements = update.device_mesh, update.placements
         if holds_whole_matrices(update):

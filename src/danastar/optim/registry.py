@@ -162,7 +162,7 @@ def resolve(name: str) -> tuple[Callable[..., torch.optim.Optimizer], dict]:
         raise ValueError(f"unknown optimizer {name!r}; torch.optim has: {', '.join(valid)}")
     if name.startswith("pytorch_optimizer:"):
         try:
-            import pytorch_optimizer
+            import pytorch_optimizer  # noqa: PLC0415  an optional extra (baselines)
         except ImportError:
             raise ValueError(f"optimizer {name!r} needs the pytorch-optimizer package: "
                              "pip install 'danastar[baselines]'") from None

@@ -75,7 +75,9 @@ def shard_layout(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]
     shape = tuple(param.shape)
     offsets = (0,) * len(shape)
     if is_dtensor(param):
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        from torch.distributed.tensor._utils import (  # noqa: PLC0415  a DTensor exists
+            compute_local_shape_and_global_offset,
+        )
 
         _, offsets = compute_local_shape_and_global_offset(shape, param.device_mesh,
                                                            param.placements)
