@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from danastar.train.status import read_status
+from danastar.rundir.status import read_status
 
 from local_slurm import LocalSlurm
 from train_helpers import TINY, compared, environment, last_step, run_train

@@ -12,7 +12,7 @@ from danastar.config import default_run_dir, load_config
 from danastar.errors import UserError
 from danastar.launch import slurm
 from danastar.launch.sweep_spec import expand, format_value, parse_sweep
-from danastar.train.status import read_status, write_status
+from danastar.rundir.status import read_status, write_status
 
 from train_helpers import TINY
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from danastar.train.signals import PREEMPTED_EXIT_CODE
+from danastar.rundir.exits import PREEMPTED_EXIT_CODE
 
 from train_helpers import environment
 

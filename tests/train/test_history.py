@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from danastar.errors import UserError
+from danastar.rundir.metrics import records as read_metrics
 from danastar.train.checkpoint import Checkpointer
-from danastar.train.logging import read_metrics
 
 from train_helpers import (
     STOPPED_RUN,

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from danastar.train.signals import DUPLICATE_WINDOW_S, INTERRUPTED_EXIT_CODE, PreemptionFlag
+from danastar.rundir.exits import INTERRUPTED_EXIT_CODE
+from danastar.train.signals import DUPLICATE_WINDOW_S, PreemptionFlag
 
 from train_helpers import assert_ok, compared, last_step, run_train, start_train, wait_for_step
 

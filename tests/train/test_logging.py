@@ -4,13 +4,10 @@ import pytest
 
 from danastar.config import merge
 from danastar.errors import UserError
-from danastar.train.logging import (
-    SUPERSEDED_FILE,
-    RunLogger,
-    read_metrics,
-    tracker_scalars,
-    truncate_metrics,
-)
+from danastar.rundir.files import SUPERSEDED_FILE
+from danastar.rundir.metrics import records as read_metrics
+from danastar.rundir.metrics import truncate as truncate_metrics
+from danastar.train.logging import RunLogger, tracker_scalars
 
 
 def make_logger(run_dir, resumed=False, start_step=0, **logging_keys):

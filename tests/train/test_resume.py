@@ -7,9 +7,9 @@ import signal
 
 import pytest
 
+from danastar.rundir.exits import PREEMPTED_EXIT_CODE
+from danastar.rundir.status import read_status
 from danastar.train.checkpoint import Checkpointer, verify
-from danastar.train.signals import PREEMPTED_EXIT_CODE
-from danastar.train.status import read_status
 
 from train_helpers import (
     assert_ok,

@@ -3,8 +3,8 @@ run continues from there to the uninterrupted run's losses."""
 
 import pytest
 
-from danastar.train.signals import PREEMPTED_EXIT_CODE
-from danastar.train.status import read_status
+from danastar.rundir.exits import PREEMPTED_EXIT_CODE
+from danastar.rundir.status import read_status
 
 from train_helpers import assert_ok, compared, last_step, run_train, start_train, wait_for_step
 

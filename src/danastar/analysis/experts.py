@@ -16,6 +16,7 @@ import numpy as np
 
 from danastar.analysis.records import Run, read_run
 from danastar.errors import UserError
+from danastar.rundir.files import PLAN_FILE
 
 KEY = "experts"  # the metrics.jsonl entry
 
@@ -60,8 +61,8 @@ def snapshot(run_dir: str | Path, step: int | None = None) -> Snapshot:
     path = Path(run_dir)
     if not path.is_dir():
         raise UserError(f"{path} does not exist; give a run directory.")
-    if not (path / "plan.json").is_file():
-        raise UserError(f"{path} is not a run directory (no plan.json); give the directory "
+    if not (path / PLAN_FILE).is_file():
+        raise UserError(f"{path} is not a run directory (no {PLAN_FILE}); give the directory "
                         "`danastar train` wrote.")
     run = read_run(path)
     found = entries(run)

@@ -24,11 +24,14 @@ from danastar.analysis import compute
 from danastar.errors import UserError
 from danastar.rundir import metrics as metrics_file
 from danastar.rundir.files import (
+    CHECKPOINTS_DIR,
     CONFIG_FILE,
+    EVAL_DIR,
     METRICS_FILE,
     PLAN_FILE,
     RUN_FILE,
     STATUS_FILE,
+    SUBMISSION_DIR,
     TRAINED_FILES,
 )
 
@@ -36,7 +39,6 @@ COMPLETE = "complete"
 PARTIAL = "partial"
 # `danastar eval` writes <run_dir>/eval/<step>.json (danastar.export.evaluate, which analysis
 # does not import): {"step", "checkpoint", ..., "tasks": {task: {metric: value}}}.
-EVAL_DIR = "eval"
 # libyaml's safe loader where PyYAML was built with it: a study's report reads hundreds of
 # config.yaml files, seven times faster than with the pure-Python one (the same values)
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -347,9 +349,9 @@ def read_run(path: Path) -> Run:
                      "non_embedding", "lr_law_params", "total_params", "dataset"):
             getattr(run, name)
     except KeyError as error:
-        raise UnreadableRun(f"{path / 'plan.json'} has no {error.args[0]!r}") from None
+        raise UnreadableRun(f"{path / PLAN_FILE} has no {error.args[0]!r}") from None
     except (TypeError, ValueError, AttributeError):
-        raise UnreadableRun(f"{path / 'plan.json'} (or config.yaml) holds a value of the wrong "
+        raise UnreadableRun(f"{path / PLAN_FILE} (or {CONFIG_FILE}) holds a value of the wrong "
                             f"type where {name} is read") from None
     return run
 
@@ -394,7 +396,8 @@ def _moved_aside(run_dir: Path, root: Path) -> bool:
 
 def _is_submission(folder: Path) -> bool:
     """`<run_dir>/slurm/`: the plan `danastar submit` checked a queued job against, not a run."""
-    return folder.name == "slurm" and not any((folder / name).exists() for name in TRAINED_FILES)
+    return folder.name == SUBMISSION_DIR and not any((folder / name).exists()
+                                                     for name in TRAINED_FILES)
 
 
 def _default_note(message: str) -> None:
@@ -410,7 +413,7 @@ def _run_dirs_in(path: Path) -> tuple[list[Path], int]:
         return [path], 0
     found, aside = [], 0
     for plan in sorted(path.rglob(PLAN_FILE)):
-        if "checkpoints" in plan.parent.relative_to(path).parts or _is_submission(plan.parent):
+        if CHECKPOINTS_DIR in plan.parent.relative_to(path).parts or _is_submission(plan.parent):
             continue
         if _moved_aside(plan.parent, path):
             aside += 1

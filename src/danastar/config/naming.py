@@ -13,6 +13,7 @@ from danastar.config.schema import ModelSection, OptimSection, TrainConfig
 from danastar.config.validate import schedule_options
 from danastar.errors import UserError
 from danastar.optim.schedules import SCHEDULE_OPTIONS
+from danastar.rundir.files import CHECKPOINTS_DIR
 
 
 def default_run_dir(config: TrainConfig) -> Path:
@@ -107,7 +108,7 @@ def check_run_dir(run_dir: Path) -> None:
                         "writable.")
     # Found at the first save, a checkpoints/ folder that takes no files would lose every step
     # since the last checkpoint.
-    checkpoints = run_dir / "checkpoints"
+    checkpoints = run_dir / CHECKPOINTS_DIR
     if checkpoints.exists() and not checkpoints.is_dir():
         raise UserError(f"{checkpoints} is a file, where the run's checkpoints go; move it away "
                         f"or {fix}.")

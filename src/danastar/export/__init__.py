@@ -27,6 +27,7 @@ from danastar.export.mapping import to_hf
 from danastar.export.tokenizer import run_tokenizer, write
 from danastar.models import build_model
 from danastar.models.config import ModelConfig
+from danastar.rundir.files import CHECKPOINTS_DIR
 from danastar.train.weights import load_weights
 
 PROVENANCE_FILE = "danastar_export.json"  # which run and checkpoint an export came from
@@ -122,6 +123,6 @@ def compare_logits(weights, model, tokens: int = 32, seed: int = 0) -> float:
     if not bool(torch.isfinite(ours).all()):  # finite weights too large: nothing to compare
         raise UserError(f"the weights of {weights.checkpoint} give non-finite logits (NaN or "
                         f"infinity) on random tokens, so the export cannot be checked; export an "
-                        f"earlier checkpoint of {weights.run_dir / 'checkpoints'}, or train the "
+                        f"earlier checkpoint of {weights.run_dir / CHECKPOINTS_DIR}, or train the "
                         f"run again with a lower --lr.")
     return (ours - theirs).abs().max().item()  # NaN where only the export's are not finite

@@ -30,8 +30,8 @@ except ModuleNotFoundError as error:
     raise MissingExtra("danastar eval", "eval", error.name) from None
 
 from danastar.export import PROVENANCE_FILE, export
+from danastar.rundir.files import EVAL_DIR
 
-EVAL_DIR = "eval"
 RECORD_KEYS = ("name", "alias", "sample_len", "samples")  # lm-eval's entries that are no score
 
 

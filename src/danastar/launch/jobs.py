@@ -11,6 +11,7 @@ from pathlib import Path
 from danastar.config import TrainConfig, batch_layout, load_config, save_yaml
 from danastar.launch import clusters as cluster_registry
 from danastar.launch.sweep_spec import format_value
+from danastar.rundir.files import CONFIG_FILE, PLAN_FILE, SUBMISSION_DIR
 from danastar.train.identity import planned_run_dir
 from danastar.train.plan import check_resume, dry_run
 
@@ -71,9 +72,9 @@ def validated_run(train_argv: list[str], world: int, profile, lr_multiplier: flo
 
 def record_plan(run_dir: Path, plan: dict, config) -> None:
     """The plan and configuration a job was checked against, in `<run_dir>/slurm/`."""
-    (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
-    (run_dir / "slurm" / "plan.json").write_text(json.dumps(plan, indent=1, default=str))
-    save_yaml(config, run_dir / "slurm" / "config.yaml")
+    (run_dir / SUBMISSION_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / SUBMISSION_DIR / PLAN_FILE).write_text(json.dumps(plan, indent=1, default=str))
+    save_yaml(config, run_dir / SUBMISSION_DIR / CONFIG_FILE)
 
 
 def without_run_dir(argv: list[str]) -> list[str]:

@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 
 from danastar.errors import UserError
-from danastar.rundir.exits import PREEMPTED_EXIT_CODE
+from danastar.rundir.exits import COMPLETE_EXIT_CODE, PREEMPTED_EXIT_CODE
 from danastar.rundir.files import STOP_FILE
 from danastar.rundir.status import read_status, write_status
 
@@ -302,10 +302,11 @@ def segment_exit_code(run_dir: Path, exit_code: int, since: str, reason: str = "
     """
     status = read_status(run_dir)
     recent = status.get("updated", "") >= since
-    if exit_code not in (0, PREEMPTED_EXIT_CODE) and recent and status.get("state") in (
+    expected = (COMPLETE_EXIT_CODE, PREEMPTED_EXIT_CODE)
+    if exit_code not in expected and recent and status.get("state") in (
             "preempted", "segment done"):
         exit_code = PREEMPTED_EXIT_CODE
-    if exit_code not in (0, PREEMPTED_EXIT_CODE):
+    if exit_code not in expected:
         fields = {"exit_code": exit_code}
         if reason:
             fields["reason"] = reason

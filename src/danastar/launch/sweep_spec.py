@@ -30,7 +30,7 @@ from danastar.config import FLAGS, all_keys
 from danastar.errors import UserError
 from danastar.launch.user_yaml import read_user_yaml
 from danastar.rundir import metrics
-from danastar.rundir.files import METRICS_FILE
+from danastar.rundir.files import METRICS_FILE, PLAN_FILE
 from danastar.rundir.status import read_status
 
 SPECIAL_KEYS = ("preset", "config", "lr_multiplier")
@@ -206,7 +206,7 @@ def run_state(run_dir: Path | str, iterations: int | None = None) -> dict:
     too: training says again why it fails). New: nothing there yet."""
     run_dir = Path(run_dir)
     try:
-        recorded = json.loads((run_dir / "plan.json").read_text())["plan"]["iterations"]
+        recorded = json.loads((run_dir / PLAN_FILE).read_text())["plan"]["iterations"]
     except (OSError, ValueError, KeyError, TypeError):
         recorded = None
     started = recorded is not None

@@ -9,6 +9,10 @@
     <run_dir>/status.json, STOP    where the run stands, a request to stop (rundir/status.py)
     <run_dir>/checkpoints/         <kind>-<step>/ each (train/checkpoint.py: what one holds)
     <run_dir>/logs/rank<r>.log     what each rank said
+    <run_dir>/tensorboard/         TensorBoard's event files (logging.tensorboard)
+    <run_dir>/slurm/               the job `danastar submit` checked: its plan.json, config.yaml
+    <run_dir>/eval/<step>.json     `danastar eval`'s scores of a checkpoint (export.json: of an
+                                   export, in the export's own directory)
     <run_dir>/previous-<time>/     an earlier run's files, moved aside by a fresh start
 """
 
@@ -34,10 +38,14 @@ STOP_FILE = "STOP"
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_NAME = re.compile(r"^(latest|permanent)-(\d{8})$")  # a checkpoint in it: <kind>-<step>
 LOGS_DIR = "logs"
+TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"  # wandb's own name for the folder it writes in the run directory
+SUBMISSION_DIR = "slurm"
+EVAL_DIR = "eval"
 
 # What an earlier run leaves in its directory; a fresh start moves these into previous-<time>/.
 RUN_FILES = (CHECKPOINTS_DIR, METRICS_FILE, SUPERSEDED_FILE, CONFIG_FILE, PLAN_FILE,
-             MODEL_CONFIG_FILE, ENVIRONMENT_FILE, RUN_FILE, LOGS_DIR, "tensorboard", "wandb")
+             MODEL_CONFIG_FILE, ENVIRONMENT_FILE, RUN_FILE, LOGS_DIR, TENSORBOARD_DIR, WANDB_DIR)
 # What only a run that trained leaves: config.yaml and plan.json alone are written before the
 # first step too (by `danastar submit`, say), and are no earlier run.
 TRAINED_FILES = (CHECKPOINTS_DIR, METRICS_FILE, RUN_FILE)

@@ -24,9 +24,7 @@ import torch
 import danastar
 from danastar.errors import UserError
 from danastar.progress import bar
-from danastar.rundir.files import LOGS_DIR, METRICS_FILE
-from danastar.rundir.files import SUPERSEDED_FILE as SUPERSEDED_FILE  # also known here
-from danastar.rundir.metrics import records as read_metrics  # noqa: F401 (also known here)
+from danastar.rundir.files import LOGS_DIR, METRICS_FILE, TENSORBOARD_DIR
 from danastar.rundir.metrics import truncate as truncate_metrics
 
 # Dense bf16 peak FLOP/s of common accelerators, matched against the device name (first match wins).
@@ -156,7 +154,7 @@ class RunLogger:
                     "TensorBoard is not installed; pip install 'danastar[tensorboard]' "
                     "or drop logging.tensorboard."
                 ) from None
-            self.tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            self.tensorboard = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR))
 
     def info(self, message: str) -> None:
         """A line on the console (rank 0, above the progress bar) and in this rank's log."""

@@ -30,8 +30,16 @@ from danastar.errors import UserError
 from danastar.models import build_model
 from danastar.models.config import ModelConfig
 from danastar.rundir import metrics
-from danastar.rundir.files import METRICS_FILE, MODEL_CONFIG_FILE
-from danastar.train.checkpoint import META_FILE, STATE_FILE, Checkpointer, verify
+from danastar.rundir.files import (
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    METRICS_FILE,
+    MODEL_CONFIG_FILE,
+    PLAN_FILE,
+    RUN_FILE,
+    checkpoint_dirs,
+)
+from danastar.train.checkpoint import META_FILE, STATE_FILE, verify
 
 
 @dataclasses.dataclass
@@ -68,7 +76,7 @@ def load_weights(path: Path, *, say=None, using: str = "using") -> Weights:
         raise UserError(f"checkpoint {checkpoint} holds non-finite weights (NaN or infinity in "
                         f"{len(damaged)} tensor(s), first {damaged[0]}), saved while the run "
                         f"diverged; name an earlier checkpoint folder of "
-                        f"{run_dir / 'checkpoints'}, or train the run again with a lower --lr.")
+                        f"{run_dir / CHECKPOINTS_DIR}, or train the run again with a lower --lr.")
     return Weights(model_config=config, state_dict=state_dict, run_dir=run_dir,
                    checkpoint=checkpoint, step=int(meta.get("step", 0)),
                    layout=meta["layout"], identity=_identity(run_dir),
@@ -95,12 +103,12 @@ def find_checkpoint(path: Path, say=_say, using: str = "using") -> tuple[Path, P
             raise UserError(f"checkpoint {path} cannot be used ({problem}); name another "
                             f"checkpoint or the run directory.")
         return path.parent.parent, path, meta
-    if not (path / "config.yaml").is_file():
-        raise UserError(f"{path} is neither a run directory (with config.yaml) nor a checkpoint "
+    if not (path / CONFIG_FILE).is_file():
+        raise UserError(f"{path} is neither a run directory (with {CONFIG_FILE}) nor a checkpoint "
                         f"folder (with {META_FILE}); give one of them.")
     # Not Checkpointer.find_latest: that sets corrupt checkpoints aside, and this only reads.
     skipped = []
-    for candidate in reversed(Checkpointer(path / "checkpoints", sharded=False).checkpoints()):
+    for candidate in reversed(checkpoint_dirs(path / CHECKPOINTS_DIR)):
         meta, problem = verify(candidate)
         if meta is not None:
             for newer, why in skipped:
@@ -126,8 +134,8 @@ def _model_config(run_dir: Path) -> ModelConfig:
                             "copy or delete it to rebuild the model from config.yaml.") from None
     # Older runs: the model config as training built it, from the run's settings and plan.
     try:
-        config, _ = load_config(["--config", str(run_dir / "config.yaml")])
-        saved_plan = json.loads((run_dir / "plan.json").read_text())
+        config, _ = load_config(["--config", str(run_dir / CONFIG_FILE)])
+        saved_plan = json.loads((run_dir / PLAN_FILE).read_text())
     except (OSError, ValueError) as error:
         raise UserError(f"run {run_dir} has no readable plan.json ({error}); give a run "
                         f"directory written by danastar train.") from None
@@ -159,13 +167,13 @@ def _read_json(path: Path) -> dict:
 
 
 def _identity(run_dir: Path) -> dict[str, Any]:
-    return _read_json(run_dir / "run.json").get("identity", {})
+    return _read_json(run_dir / RUN_FILE).get("identity", {})
 
 
 def _dataset(run_dir: Path) -> str | None:
     """The run's ``data.dataset`` setting, from its config.yaml (every run directory has one)."""
     try:
-        settings = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        settings = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {}
     except (OSError, yaml.YAMLError):
         settings = {}
     return (settings.get("data") or {}).get("dataset") or _identity(run_dir).get("dataset")
