@@ -102,73 +102,11 @@ class TokenData:
         vocabulary, and its checksum when `meta.json` records one) runs once and is cached
         (`danastar.data.prepared`). A problem is refused with the command that repairs it.
         """
-        directory = Path(path).expanduser()
-        if directory.name == META_FILE:
-            directory = directory.parent
-        if not directory.is_dir():
-            raise UserError(
-                f"data directory {str(directory)!r} does not exist; prepare it with `danastar "
-                "prepare SOURCE --out DIR`."
-            )
-        meta_path = directory / META_FILE
-        layout = prepared_format(directory)
-        if layout == "meta":
-            try:
-                meta = json.loads(meta_path.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                raise UserError(
-                    f"{meta_path} is not valid JSON ({error}); repair the directory with "
-                    f"{repair_command(directory, None)}."
-                ) from None
-            if not isinstance(meta, dict):
-                meta = {}
-            missing = [key for key in REQUIRED_META_KEYS if key not in meta]
-            if missing:
-                raise UserError(
-                    f"{meta_path} lacks {', '.join(missing)}; repair the directory with "
-                    f"{repair_command(directory, meta)}."
-                )
-            repair = f"repair it with {repair_command(directory, meta)}"
-            _check_dtype(meta, directory, repair)
-            if not meta_is_complete(meta):
-                raise UserError(
-                    f"{meta_path} does not describe its token files as `danastar prepare` "
-                    f"writes them; {repair}."
-                )
-        elif layout == "raw":
-            meta = dict(
-                RAW_META,
-                **{f"{split}_files": [{"file": f"{split}.bin"}] for split in ("train", "val")},
-            )
-            repair = "restore the file or prepare the corpus with `danastar prepare`"
-        else:
-            raise UserError(
-                f"{str(directory)!r} has neither meta.json nor train.bin/val.bin; prepare it with "
-                f"`danastar prepare SOURCE --out {directory}`."
-            )
-
+        directory = _data_directory(path)
+        meta, repair = _read_meta(directory)
         dtype = _check_dtype(meta, directory, repair)
-        splits = {
-            split: [
-                _map_file(directory, entry, dtype, meta_path, repair)
-                for entry in meta[f"{split}_files"]
-            ]
-            for split in ("train", "val")
-        }
-        for split, arrays in splits.items():
-            total = sum(len(a) for a in arrays)
-            if not arrays or total == 0:
-                raise UserError(
-                    f"the {split} split in {directory} is empty; prepare the data again with more "
-                    "documents."
-                )
-            expected = meta.get(f"{split}_tokens", total)
-            if expected != total:
-                raise UserError(
-                    f"{meta_path} says {expected:,} {split} tokens but the files hold {total:,}; "
-                    f"{repair}."
-                )
-            meta[f"{split}_tokens"] = total
+        splits = _map_splits(directory, meta, dtype, repair)
+        _count_tokens(directory, meta, splits, repair)
         _check_contents(directory, meta, dtype, repair)
         val = splits["val"][0] if len(splits["val"]) == 1 else np.concatenate(splits["val"])
         return cls(splits["train"], val, meta, directory)
@@ -205,6 +143,106 @@ class TokenData:
             "val_tokens": val_tokens,
         }
         return cls([tokens[:num_tokens]], tokens[num_tokens:], meta)
+
+
+def _data_directory(path: str | Path) -> Path:
+    """The data directory `path` names (its `meta.json` names it too); refused when it does not
+    exist."""
+    directory = Path(path).expanduser()
+    if directory.name == META_FILE:
+        directory = directory.parent
+    if not directory.is_dir():
+        raise UserError(
+            f"data directory {str(directory)!r} does not exist; prepare it with `danastar "
+            "prepare SOURCE --out DIR`."
+        )
+    return directory
+
+
+def _read_meta(directory: Path) -> tuple[dict, str]:
+    """(meta, how to repair the directory) of prepared data (`meta.json`) or of the original
+    release's raw `train.bin`/`val.bin`; a directory with neither is refused."""
+    layout = prepared_format(directory)
+    if layout == "meta":
+        return _prepared_meta(directory)
+    if layout == "raw":
+        return _raw_meta()
+    raise UserError(
+        f"{str(directory)!r} has neither meta.json nor train.bin/val.bin; prepare it with "
+        f"`danastar prepare SOURCE --out {directory}`."
+    )
+
+
+def _prepared_meta(directory: Path) -> tuple[dict, str]:
+    """`meta.json`, refused unless it is what `danastar prepare` writes: valid JSON with the
+    required keys, a token dtype that holds the vocabulary, and every token file described."""
+    meta_path = directory / META_FILE
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserError(
+            f"{meta_path} is not valid JSON ({error}); repair the directory with "
+            f"{repair_command(directory, None)}."
+        ) from None
+    if not isinstance(meta, dict):
+        meta = {}
+    missing = [key for key in REQUIRED_META_KEYS if key not in meta]
+    if missing:
+        raise UserError(
+            f"{meta_path} lacks {', '.join(missing)}; repair the directory with "
+            f"{repair_command(directory, meta)}."
+        )
+    repair = f"repair it with {repair_command(directory, meta)}"
+    _check_dtype(meta, directory, repair)
+    if not meta_is_complete(meta):
+        raise UserError(
+            f"{meta_path} does not describe its token files as `danastar prepare` "
+            f"writes them; {repair}."
+        )
+    return meta, repair
+
+
+def _raw_meta() -> tuple[dict, str]:
+    """What the original release's raw `train.bin`/`val.bin` hold, as a `meta.json` says it."""
+    meta = dict(
+        RAW_META,
+        **{f"{split}_files": [{"file": f"{split}.bin"}] for split in ("train", "val")},
+    )
+    return meta, "restore the file or prepare the corpus with `danastar prepare`"
+
+
+def _map_splits(directory: Path, meta: dict, dtype: np.dtype, repair: str
+                ) -> dict[str, list[np.ndarray]]:
+    """The token files of each split, memory-mapped once each passes its size checks."""
+    meta_path = directory / META_FILE
+    return {
+        split: [
+            _map_file(directory, entry, dtype, meta_path, repair)
+            for entry in meta[f"{split}_files"]
+        ]
+        for split in ("train", "val")
+    }
+
+
+def _count_tokens(directory: Path, meta: dict, splits: dict[str, list[np.ndarray]],
+                  repair: str) -> None:
+    """Refuse an empty split, or one whose files hold another number of tokens than `meta`
+    says; `meta` then records each split's count."""
+    meta_path = directory / META_FILE
+    for split, arrays in splits.items():
+        total = sum(len(a) for a in arrays)
+        if not arrays or total == 0:
+            raise UserError(
+                f"the {split} split in {directory} is empty; prepare the data again with more "
+                "documents."
+            )
+        expected = meta.get(f"{split}_tokens", total)
+        if expected != total:
+            raise UserError(
+                f"{meta_path} says {expected:,} {split} tokens but the files hold {total:,}; "
+                f"{repair}."
+            )
+        meta[f"{split}_tokens"] = total
 
 
 def _check_dtype(meta: dict, directory: Path, repair: str) -> np.dtype:
