@@ -18,9 +18,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from danastar.optim import build_optimizer
 from danastar.progress import SILENT, Stages
 
 from .model import PLRF
@@ -72,9 +70,17 @@ JAX_OPTIMIZERS = ("adana", "dana-mk4", "dana-star", "dana-star-mk4")
 
 
 class TorchRunner:
-    """The optimizers of danastar.optim, each on a float64 (seeds, d) parameter."""
+    """The optimizers of danastar.optim, each on a float64 (seeds, d) parameter.
+
+    torch is imported by the runner's methods: it takes seconds to import, and the ODE and the
+    momentum schedules' simulations (every `danastar theory` figure without --optim) run on NumPy
+    alone."""
 
     def __init__(self, optimizers: Sequence[TorchOptimizer], start: np.ndarray):
+        import torch  # noqa: PLC0415 (see the class)
+
+        from danastar.optim import build_optimizer  # noqa: PLC0415 (imports torch)
+
         self.params, self.built = [], []
         for spec in optimizers:
             param = torch.nn.Parameter(torch.tensor(start, dtype=torch.float64))
@@ -86,6 +92,8 @@ class TorchRunner:
 
     @contextmanager
     def running(self) -> Iterator[None]:
+        import torch  # noqa: PLC0415 (see the class)
+
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
@@ -97,6 +105,8 @@ class TorchRunner:
         return self.views
 
     def step(self, grads: list[np.ndarray]) -> None:
+        import torch  # noqa: PLC0415 (see the class)
+
         for param, optimizer, grad in zip(self.params, self.built, grads, strict=True):
             param.grad = torch.from_numpy(grad)
             optimizer.step()
