@@ -87,6 +87,11 @@ def main(argv: list[str]) -> int:
     root = Path(args.runs_root).expanduser().resolve() / sweep.name
     check_runs_root(Path(args.runs_root), root, [root / point.name for point in sweep.points()])
     points = sweep.points()
+    from danastar.rundir.lock import check_free
+
+    # Another sweep of this folder is said first, in one sentence, before any planning (probed
+    # only: the sweep takes the lock below).
+    check_free(root, "use another --runs_root")
     stages = Stages("danastar sweep")
     stages.start(f"planning {len(points)} runs, each checked as `danastar train` would check "
                  "it")
@@ -96,9 +101,6 @@ def main(argv: list[str]) -> int:
             for point in stages.counted(points, len(points), "run")]
     refuse_changed_runs(sweep.name, runs)  # before anything is written
     if args.dry_run:
-        from danastar.rundir.lock import check_free
-
-        check_free(root, "use another --runs_root")  # as the sweep would refuse (probed only)
         print_runs(runs)
     from danastar.train.data import check_prepared_here
 
