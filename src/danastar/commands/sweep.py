@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
     check_free(root, "use another --runs_root")
     stages = Stages("danastar sweep")
     stages.start(f"planning {len(points)} runs, each checked as `danastar train` would check "
-                 "it")
+                 "it", only_on_terminal=True)  # a planned run may be refused: then one sentence
     # A dry run prepares no data: where it is not prepared yet, the runs are not compared.
     runs = [plan_run(sweep.name, overridden(point, given), root, train_argv,
                      prepare=not args.dry_run)
