@@ -257,3 +257,144 @@ def outside_stacklevel() -> int:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1
     return level
+
+
+# -- continuing a run past its planned length T ---------------------------------------------------
+# The rules of docs/optimizers.md ("Extending a run past its planned T"). A run planned for T1
+# steps is continued from step s (the steps it has taken, s <= T1) to T2 > T1. Step s is the
+# first step under the new settings; the optimizers count it as k = s + 1 (1-based).
+
+# The log-time decay λ/(1 + k/wd_ts) = ω/(wd_ts + k), ω = λ·wd_ts, from step s on:
+# * "keep": λ and wd_ts as they were: no jump, ω and the time scale T1/10 kept;
+# * "reanchor": the time scale of a run planned for T2 (wd_ts = ⌊T2/10⌋) with ω raised so that
+#   the decay at step s is unchanged: no jump, a stronger ω;
+# * "planned": the decay a run planned for T2 applies at these steps (ω kept, wd_ts = ⌊T2/10⌋):
+#   a jump down at s by (wd_ts1 + k)/(wd_ts2 + k).
+DECAY_RULES = ("keep", "reanchor", "planned")
+WHOLE_STEPS = "a whole number of optimizer steps"
+
+
+def check_from_step(from_step) -> None:
+    """The step a run continues from: the steps it has taken."""
+    require("from_step", from_step, lambda v: v >= 0 and int(v) == v, f"{WHOLE_STEPS} >= 0")
+
+
+def check_extension(total_steps, new_total_steps, from_step) -> None:
+    """A run of ``total_steps`` (T1; None where it is not known) continued from step
+    ``from_step`` (the steps it has taken) to ``new_total_steps`` (T2)."""
+    check_from_step(from_step)
+    if total_steps is not None:
+        require("total_steps", total_steps, lambda v: v >= 1 and int(v) == v,
+                f"{WHOLE_STEPS} >= 1")
+        require("new_total_steps", new_total_steps, lambda v: v > total_steps and int(v) == v,
+                f"{WHOLE_STEPS} greater than total_steps ({shown(total_steps)}), the planned "
+                "length it extends")
+        check(from_step <= total_steps,
+              f"from_step must be at most total_steps ({shown(total_steps)}): a run continues "
+              f"from a step it has reached, got {shown(from_step)}")
+    require("new_total_steps", new_total_steps, lambda v: v > from_step and int(v) == v,
+            f"{WHOLE_STEPS} greater than from_step ({shown(from_step)}), the step the run "
+            "continues from")
+
+
+def check_decay_rule(decay_rule) -> None:
+    check(decay_rule in DECAY_RULES,
+          f"decay_rule must be one of {', '.join(DECAY_RULES)}, got {decay_rule!r}")
+
+
+def extended_weight_decay(weight_decay, wd_ts, new_total_steps: int, from_step: int,
+                          decay_rule: str = "keep"):
+    """``(weight_decay, wd_ts)`` of the log-time decay for a run continued from step
+    ``from_step`` to ``new_total_steps`` under ``decay_rule`` (DECAY_RULES). A decay with no
+    time scale (``wd_ts`` None) or none at all depends on no T and is returned as it is, as is
+    one already on the new time scale (so that extending twice to the same T2 changes nothing)."""
+    check_decay_rule(decay_rule)
+    check_extension(None, new_total_steps, from_step)
+    new_wd_ts = paper_weight_decay(0.0, int(new_total_steps))[1]
+    if decay_rule == "keep" or wd_ts is None or weight_decay == 0 or new_wd_ts == wd_ts:
+        return weight_decay, wd_ts
+    if decay_rule == "planned":  # ω = λ·wd_ts kept
+        return weight_decay * wd_ts / new_wd_ts, new_wd_ts
+    # reanchor: λ'/(1 + k/wd_ts') = λ/(1 + k/wd_ts) at the join's k, the form the multiplier uses
+    join = from_step + 1
+    return weight_decay / (1 + join / wd_ts) * (1 + join / new_wd_ts), new_wd_ts
+
+
+def extended_coupled_weight_decay(weight_decay, total_steps: int, new_total_steps: int,
+                                  decay_rule: str = "keep"):
+    """AdamW's coupled decay λ = ω/(γ*·T) (p ← p − γ_t·λ·p) for a run of ``total_steps``
+    continued to ``new_total_steps``: "keep" keeps λ (no jump, the only rule without one: λ has
+    no time scale); "planned" is the planned run's ω/(γ*·T2) = λ·T1/T2, a jump down at the
+    join; "reanchor" has nothing to re-anchor and is refused."""
+    check_decay_rule(decay_rule)
+    check_extension(total_steps, new_total_steps, total_steps)
+    check(decay_rule != "reanchor",
+          "a coupled weight decay (AdamW's ω/(γ*·T)) has no time scale to re-anchor: use "
+          "decay_rule 'keep' (λ kept, no jump) or 'planned' (λ·T1/T2, the planned run's)")
+    if decay_rule == "keep":
+        return weight_decay
+    return weight_decay * total_steps / new_total_steps
+
+
+# The LR schedule from the join on, for any schedule function of the 0-based step (danastar's,
+# or an optax schedule with ``where=jnp.where``):
+# * "stretch": the old schedule's remaining decay stretched over the steps left;
+# * "reanchor": the remaining shape of the schedule planned for T2, scaled to start at the
+#   current factor;
+# * "rewarm": up from the current factor to a peak, then the schedule restarted for the steps
+#   left.
+LR_RULES = ("stretch", "reanchor", "rewarm")
+
+
+def python_where(condition, if_true, if_false):
+    """``jnp.where`` for Python numbers."""
+    return if_true if condition else if_false
+
+
+def stretched_schedule(schedule, anchor: int, total_steps: int, new_total_steps: int,
+                       where=python_where):
+    """``schedule`` up to step ``anchor``, then its part from ``anchor`` to ``total_steps``
+    stretched over ``anchor`` .. ``new_total_steps``: step n reads the old schedule at
+    anchor + (n − anchor)·(T1 − anchor)/(T2 − anchor), so n = T2 reads it exactly at T1."""
+    def factor(step):
+        # multiplied first: whole numbers stay exact, and step T2 maps to T1 exactly
+        old_step = anchor + (step - anchor) * (total_steps - anchor) / (new_total_steps - anchor)
+        return where(step <= anchor, schedule(step), schedule(old_step))
+    return factor
+
+
+def reanchored_schedule(schedule, planned, anchor: int, new_total_steps: int,
+                        where=python_where):
+    """``schedule`` up to step ``anchor``, then ``planned`` (the schedule planned for
+    ``new_total_steps``) mapped affinely so that it starts at ``schedule(anchor)`` and still
+    ends at its own end factor ``planned(new_total_steps)``."""
+    start, end = schedule(anchor), planned(new_total_steps)
+    planned_start = planned(anchor)
+    if float(start) == float(end):  # the decay is over (cos_inf's floor): it stays there
+        return lambda step: where(step <= anchor, schedule(step), end)
+    check(float(planned_start) != float(end),
+          f"the schedule planned for {new_total_steps} steps has finished its decay by step "
+          f"{anchor}, so there is no decay left to re-anchor; use a longer new_total_steps or "
+          "the rule 'stretch'")
+
+    def factor(step):
+        scaled = end + (start - end) * (planned(step) - end) / (planned_start - end)
+        return where(step <= anchor, schedule(step), scaled)
+    return factor
+
+
+def rewarmed_schedule(schedule, restarted, join: int, rewarm_steps: int, peak=1.0,
+                      where=python_where):
+    """``schedule`` before step ``join``; then linearly from ``schedule(join)`` up to ``peak``
+    over ``rewarm_steps`` steps; then ``peak`` times ``restarted`` (the schedule planned for the
+    steps left, with a warm-up of ``rewarm_steps``) at the step counted from the join."""
+    require("rewarm_steps", rewarm_steps, lambda v: v >= 1 and int(v) == v,
+            "a whole number of steps >= 1")
+    require("peak", peak, lambda v: v > 0, "> 0 (1 is the run's peak LR)")
+    start = schedule(join)
+
+    def factor(step):
+        rising = start + (peak - start) * (step - join) / rewarm_steps
+        after = where(step < join + rewarm_steps, rising, peak * restarted(step - join))
+        return where(step < join, schedule(step), after)
+    return factor

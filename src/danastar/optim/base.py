@@ -27,6 +27,7 @@ import torch
 from danastar import hparams
 from danastar.hparams import check
 
+from .extension import extend_optimizer
 from .group_scalars import device_schedule_factor, schedule_factor
 from .rounding import rounded, seed_from_torch
 from .runners import IMPLS, GroupRunner, check_path, compiled_available, runner_class
@@ -168,6 +169,16 @@ class PerTensorOptimizer(torch.optim.Optimizer):
     def check_param_group(self, group: dict) -> None:
         """Refuse a group (with the defaults filled in) whose settings together are a mistake;
         raises ValueError. Subclasses with the independent weight decay check it here."""
+
+    def extend_to(self, new_total_steps: int, *, from_step: int | None = None,
+                  decay_rule: str = "keep") -> None:
+        """Continue this run to ``new_total_steps`` optimizer steps from ``from_step`` (the
+        steps taken, read from the state by default): the log-time weight decay of every group
+        that has one gets the values of ``decay_rule`` ("keep", "reanchor" or "planned", see
+        `danastar.optim.extension.extend_optimizer`), in its param group, so that
+        ``state_dict`` carries them. The LR schedule is the caller's
+        (`danastar.optim.schedules.extended_schedule`)."""
+        extend_optimizer(self, new_total_steps, from_step=from_step, decay_rule=decay_rule)
 
     def scalars_for(self, group: dict, k: float) -> dict[str, float]:
         """The per-step scalars of a tensor of ``group`` at step ``k``."""

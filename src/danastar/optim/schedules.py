@@ -21,6 +21,11 @@ The schedules, their option names and their defaults are those of the original A
 
 Earlier option names are still accepted as aliases: ``start`` (1/div_factor), ``final`` /
 ``floor`` (the final factor itself), ``decay_fraction``, ``shape``, ``rho`` and ``tau``.
+
+``extended_schedule(name, warmup_steps, total_steps, new_total_steps, from_step, rule)``
+continues a schedule planned for ``total_steps`` past it, from the step a run has reached, by
+one of the rules of docs/optimizers.md ("Extending a run past its planned T"): equal to the old
+schedule before that step, and without a jump at it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,14 @@ import math
 from collections.abc import Callable
 
 import torch
+
+from danastar.hparams import (
+    LR_RULES,
+    check_extension,
+    reanchored_schedule,
+    rewarmed_schedule,
+    stretched_schedule,
+)
 
 Schedule = Callable[[int], float]
 
@@ -232,6 +245,79 @@ def get_schedule(name: str, warmup_steps: int, total_steps: int, **options) -> S
         return SCHEDULES[name](warmup_steps, total_steps, **options)
     except TypeError as error:
         raise ValueError(f"bad option for schedule {name!r}: {error}") from None
+
+
+# -- continuing past the planned total -----------------------------------------------------------
+
+# Schedules whose factor does not depend on the total: past T they go on as they are, whatever
+# the rule.
+TOTAL_FREE = ("none", "powerlaw")
+# Where the decay of a schedule that ends low is over, as steps before its total: OneCycleLR's
+# final factor is at T - 1, wsd's at T. cos_inf is not here: it holds its floor past T by design,
+# so a finished cos_inf run goes on at its floor.
+DECAY_END_BEFORE_TOTAL = {"cos": 1, "linear": 1, "wsd": 0}
+
+
+def extended_schedule(name: str, warmup_steps: int, total_steps: int, new_total_steps: int,
+                      from_step: int, rule: str = "stretch", *, rewarm_steps: int | None = None,
+                      peak: float = 1.0, **options) -> Schedule:
+    """The schedule ``name`` planned for ``total_steps`` (T1) steps, continued to
+    ``new_total_steps`` (T2) from step ``from_step`` (s, the steps the run has taken: T1 for a
+    finished run) by ``rule``:
+
+    * ``"stretch"``: what was left of the decay after max(s, warmup_steps), stretched over the
+      steps up to T2, ending at the same factor;
+    * ``"reanchor"``: the remaining part of the schedule planned for T2, scaled so that it starts
+      at the current factor and ends at the schedule's end factor;
+    * ``"rewarm"``: linearly from the current factor up to ``peak`` (1: the run's peak LR) over
+      ``rewarm_steps`` steps (default: ``warmup_steps``), then the schedule again, planned for
+      the T2 − s steps left with that warm-up, times ``peak``.
+
+    Equal to ``get_schedule(name, warmup_steps, total_steps, **options)`` before step s and at
+    it. ``none`` and ``powerlaw`` do not depend on the total: they go on unchanged (``rewarm``
+    is refused). A ``cos``, ``linear`` or ``wsd`` run whose decay is over has nothing left to
+    stretch or re-anchor: refused, naming ``rewarm``; a finished ``cos_inf`` run stays at its
+    floor (as the schedule does past T) unless re-warmed.
+    """
+    old = get_schedule(name, warmup_steps, total_steps, **options)
+    _check(rule in LR_RULES, f"rule must be one of {', '.join(LR_RULES)}, got {rule!r}")
+    check_extension(total_steps, new_total_steps, from_step)
+    _check(warmup_steps <= total_steps,
+           f"warmup_steps ({warmup_steps}) must be <= total_steps ({total_steps})")
+    if name in TOTAL_FREE:
+        _check(rule != "rewarm", f"{name} does not depend on the total steps, so it goes on as it "
+              "is past them; there is no decay to restart (use rule 'stretch' or 'reanchor')")
+        return old
+    if rule == "rewarm":
+        return _rewarmed(name, old, new_total_steps, from_step,
+                         warmup_steps if rewarm_steps is None else rewarm_steps, peak, options)
+    anchor = max(from_step, warmup_steps)  # the warm-up is kept as planned
+    _check_decay_left(name, old, total_steps, anchor, rule)
+    if rule == "stretch":
+        return stretched_schedule(old, anchor, total_steps, new_total_steps)
+    planned = get_schedule(name, warmup_steps, new_total_steps, **options)
+    return reanchored_schedule(old, planned, anchor, new_total_steps)
+
+
+def _check_decay_left(name: str, old: Schedule, total_steps: int, anchor: int,
+                      rule: str) -> None:
+    """Refuse to stretch or re-anchor a decay that is over."""
+    if name in DECAY_END_BEFORE_TOTAL:
+        decay_end = total_steps - DECAY_END_BEFORE_TOTAL[name]
+        _check(anchor < decay_end,
+               f"{name} has finished its decay by step {anchor} (factor {old(anchor):.3g}), so "
+               f"there is nothing left to {rule}; use rule 'rewarm' (back up to the peak over "
+               "rewarm_steps, then the schedule again up to the new total)")
+
+
+def _rewarmed(name: str, old: Schedule, new_total_steps: int, from_step: int,
+              rewarm_steps: int, peak: float, options: dict) -> Schedule:
+    steps_left = new_total_steps - from_step
+    _check(1 <= rewarm_steps <= steps_left,
+           f"rewarm_steps must be in 1 .. {steps_left} (the steps left), got {rewarm_steps}"
+           + (" (the run's warm-up, the default)" if rewarm_steps == 0 else ""))
+    restarted = get_schedule(name, rewarm_steps, steps_left, **options)
+    return rewarmed_schedule(old, restarted, from_step, rewarm_steps, peak)
 
 
 def apply_schedule(optimizer: torch.optim.Optimizer, factor: float) -> None:

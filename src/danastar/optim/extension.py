@@ -1,0 +1,64 @@
+"""Continuing a run past its planned length T: the optimizer's side.
+
+What of an optimizer depends on T is its log-time weight decay (``wd_ts = ⌊T/10⌋``,
+``weight_decay = ω/wd_ts``); `extend_optimizer` sets it for the new total in each param group,
+by one of the rules of `danastar.hparams.extended_weight_decay` ("keep", "reanchor",
+"planned"), so that ``state_dict``/``load_state_dict`` carry the new values and a resumed run
+continues as the uninterrupted one. The LR schedule's side is
+`danastar.optim.schedules.extended_schedule`. docs/optimizers.md ("Extending a run past its
+planned T") derives the rules.
+
+Kept as they are, whatever the rule: a coupled weight decay (AdamW's ``ω/(γ*·T)``, AdEMAMix's
+without ``decaying_wd``: the only choice without a jump, see
+`danastar.hparams.extended_coupled_weight_decay`), and AdEMAMix's T-dependent β3 = 1 − δ/T,
+α = T^(1−κ) and their warm-ups of T steps, complete at T.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from danastar.hparams import check, check_decay_rule, check_extension, extended_weight_decay
+
+
+def has_log_time_decay(group: dict) -> bool:
+    """Whether a param group's decay is the log-time one, which depends on T: a time scale
+    ``wd_ts``, a strength, and (AdEMAMix) ``decaying_wd``."""
+    return (group.get("wd_ts") is not None and group.get("weight_decay", 0) != 0
+            and group.get("decaying_wd", True))
+
+
+def steps_taken(optimizer: torch.optim.Optimizer) -> int:
+    """The optimizer's steps so far: the largest step count of its parameters (0 before the
+    first step)."""
+    counts = [state["step"] for state in optimizer.state.values() if "step" in state]
+    return max((int(count) for count in counts), default=0)
+
+
+def extend_optimizer(optimizer: torch.optim.Optimizer, new_total_steps: int, *,
+                     from_step: int | None = None, decay_rule: str = "keep") -> None:
+    """Continue ``optimizer``'s run to ``new_total_steps`` (T2) from step ``from_step`` (the
+    steps taken, by default read from its state): every group with the log-time weight decay
+    gets the ``weight_decay`` and ``wd_ts`` of ``decay_rule`` ("keep" changes nothing;
+    "reanchor" puts the decay on a T2 run's time scale without a jump; "planned" takes a T2
+    run's decay, a jump down). Any torch optimizer whose groups hold ``weight_decay`` and
+    ``wd_ts`` can be extended so. Extending again to the same T2 changes nothing.
+
+    The decay is continuous at the join's step count k = from_step + 1; a tensor whose count
+    lags (steps without a gradient) sees it continuous at its own count only approximately.
+    A CUDA graph captured before (``capturable=True``) keeps the old values: capture it again.
+    """
+    check_decay_rule(decay_rule)
+    if from_step is None:
+        from_step = steps_taken(optimizer)
+    check_extension(None, new_total_steps, from_step)
+    groups = [group for group in optimizer.param_groups if has_log_time_decay(group)]
+    decays = any(group.get("weight_decay", 0) != 0 for group in optimizer.param_groups)
+    check(decay_rule == "keep" or groups or not decays,
+          f"{type(optimizer).__name__} has no log-time weight decay (wd_ts) to re-anchor, so "
+          f"decay_rule {decay_rule!r} has nothing to change: use decay_rule 'keep' (its decay, "
+          "coupled or constant, is kept; danastar.hparams.extended_coupled_weight_decay gives "
+          "the coupled decay of a run planned for the new total)")
+    for group in groups:
+        group["weight_decay"], group["wd_ts"] = extended_weight_decay(
+            group["weight_decay"], group["wd_ts"], new_total_steps, from_step, decay_rule)
