@@ -6,6 +6,9 @@ danastar.optax (JAX), so that both say the same sentences and compute the same d
   sentence (ValueError) that reads the same in either framework;
 * the independent, log-time weight decay's multiplier (its one formula, clamped to [0, 1]), how
   much of a weight it removes early in a run, and the warning when a run is too short for it.
+* a run continued past its planned length T: the weight decay's rules (`extended_weight_decay`)
+  and the LR schedule's (`stretched_schedule`, `reanchored_schedule`, `rewarmed_schedule`, over
+  any schedule function, with a ``where`` that jax's ``jnp.where`` can be).
 
 Imports nothing of danastar, torch or jax: each framework hands in its values as numbers, names
 and shapes (a torch tensor's or a jax array's value is the framework's to check).

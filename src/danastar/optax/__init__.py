@@ -24,6 +24,12 @@ except ModuleNotFoundError as error:
 from danastar.hparams import ShortRunWeightDecayWarning
 
 from .alias import adana, dana_mk4, dana_star, dana_star_mk4
+from .extension import (
+    extended_weight_decay,
+    reanchor_schedule,
+    rewarm_schedule,
+    stretch_schedule,
+)
 from .masks import decay_mask
 from .transforms import (
     CONVENTIONS,
@@ -44,4 +50,5 @@ __all__ = [
     "log_time_weight_decay", "LogTimeWeightDecayState", "paper_weight_decay",
     "ShortRunWeightDecayWarning",
     "decay_mask",
+    "stretch_schedule", "reanchor_schedule", "rewarm_schedule", "extended_weight_decay",
 ]
