@@ -1,7 +1,8 @@
 """danastar's optimizers in the Hugging Face Trainer (danastar.integrations.hf), on the CPU with
 the tiny Llama of docs/examples/hf_trainer.py (built from a config, no hub): the example trains,
 the weight decay follows from the Trainer's T, the LR each step is the Trainer's schedule's, a
-resumed run continues bit for bit, and AdamW's weight decay is refused."""
+resumed run continues bit for bit, a finished run continues past its T (ExtendRun), and AdamW's
+weight decay is refused."""
 
 import warnings
 
@@ -14,6 +15,7 @@ pytest.importorskip("accelerate")
 
 from danastar.integrations.hf import (  # noqa: E402
     DanastarTrainer,
+    ExtendRun,
     optimizer_cls_and_kwargs,
 )
 from danastar.optim import ADana, DanaStar, ShortRunWeightDecayWarning  # noqa: E402
@@ -180,3 +182,42 @@ def test_no_optimizer_name_can_be_registered_so_the_trainer_takes_a_class_or_an_
         trainer.train()
     assert type(trainer.optimizer.optimizer) is ADana and trainer.state.global_step == 3
     assert len(recorded.steps) == 3 and recorded.steps[0]["factor"] < 1  # the Trainer's warm-up
+
+
+def test_a_finished_run_extended_with_extend_run_has_no_jump_and_resumes_bit_for_bit(hf, tmp_path):
+    """A run of 8 steps (saved at its end) continued to 16 by ExtendRun: the LR re-warms from
+    the floor where cosine_with_min_lr left it, the decay is re-anchored without a jump, and,
+    resumed at step 12 by the same callback, the run ends as the one that was never stopped."""
+    planned, longer = 8, 16
+
+    def run(output_dir, steps, resume=None, extend=None):
+        args = hf.training_arguments(str(output_dir), steps=steps, save_strategy="steps",
+                                     save_steps=4, logging_steps=1, warmup_steps=2)
+        trainer = DanastarTrainer(hf.tiny_llama(), args, train_dataset=hf.CountingSequences(),
+                                  optimizer_name="adana", callbacks=[extend] if extend else [])
+        with StepRecorder() as recorded, warnings.catch_warnings():
+            warnings.simplefilter("ignore", ShortRunWeightDecayWarning)  # a short test run
+            trainer.train(resume_from_checkpoint=resume)
+        return trainer, recorded.steps
+
+    def extend():
+        return ExtendRun(planned, planned, lr_rule="rewarm", decay_rule="reanchor",
+                         rewarm_steps=2)
+
+    first, before = run(tmp_path / "first", planned)
+    group = first.optimizer.optimizer.param_groups[0]
+    at_join = first.optimizer.optimizer.scalars_for(group, planned + 1)["decay"]
+    whole, after = run(tmp_path / "first", longer, f"{tmp_path}/first/checkpoint-{planned}",
+                       extend())
+    optimizer = whole.optimizer.optimizer
+    assert optimizer.param_groups[0]["wd_ts"] == longer // 10
+    assert abs(optimizer.scalars_for(optimizer.param_groups[0], planned + 1)["decay"]
+               - at_join) < 1e-15
+    # the join's step has the LR the planned run would have had there, then up to the peak
+    assert after[0]["factor"] == pytest.approx(0.1, rel=1e-12)
+    assert before[-1]["factor"] > 0.1
+    assert after[1]["factor"] == pytest.approx(0.55) and after[2]["factor"] == pytest.approx(1)
+    resumed, _ = run(tmp_path / "resumed", longer, f"{tmp_path}/first/checkpoint-12", extend())
+    for (name, a), (_, b) in zip(whole.model.named_parameters(),
+                                 resumed.model.named_parameters()):
+        assert torch.equal(a, b), name

@@ -19,6 +19,13 @@ LR over the peak. The Trainer's checkpoints save and restore the optimizer's sta
 AdamW's. An AdamW-style ``TrainingArguments(weight_decay=...)`` is refused. A run too short for
 the paper's decay (a few hundred steps or fewer at ω = 4) is warned of, naming the fix
 (danastar.optim.ShortRunWeightDecayWarning).
+
+A run planned for T1 steps is continued to T2 by resuming it with ``max_steps=T2`` and the
+callback `ExtendRun` (docs/optimizers.md, "Extending a run past its planned T"):
+
+    trainer = DanastarTrainer(model, args_with_max_steps_T2, train_dataset=dataset,
+                              callbacks=[ExtendRun(planned_steps=T1, from_step=T1)])
+    trainer.train(resume_from_checkpoint=f"{output_dir}/checkpoint-{T1}")
 """
 
 from __future__ import annotations
@@ -39,7 +46,16 @@ except ModuleNotFoundError as error:
 import torch
 from torch import nn
 
+from danastar.hparams import (
+    LR_RULES,
+    check,
+    check_decay_rule,
+    reanchored_schedule,
+    rewarmed_schedule,
+    stretched_schedule,
+)
 from danastar.optim import param_groups
+from danastar.optim.extension import extend_optimizer
 from danastar.optim.registry import OPTIMIZERS
 from danastar.optim.weight_decay import (
     PAPER_OMEGA,
@@ -141,4 +157,64 @@ class DanastarTrainer(transformers.Trainer):
         return self.optimizer
 
 
-__all__ = ["DanastarTrainer", "SUPPORTED", "optimizer_cls_and_kwargs", "trainer_optimizer"]
+def trainer_schedule(args: transformers.TrainingArguments, warmup_steps: int, total_steps: int):
+    """The Trainer's LR schedule factor (``lr_scheduler_type`` and its kwargs) for a run of
+    ``total_steps`` with ``warmup_steps``, as a function of the step: the lambda of the
+    scheduler transformers builds, over a stand-in optimizer so that nothing real is touched."""
+    stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    scheduler = transformers.get_scheduler(args.lr_scheduler_type, stand_in, warmup_steps,
+                                           total_steps, args.lr_scheduler_kwargs)
+    check(isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR),
+          f"lr_scheduler_type {args.lr_scheduler_type!r} is no function of the step, so it "
+          "cannot be continued past its total: use one of transformers' LambdaLR schedules "
+          "(linear, cosine, cosine_with_min_lr, constant_with_warmup, wsd ...)")
+    return scheduler.lr_lambdas[0]
+
+
+class ExtendRun(transformers.TrainerCallback):
+    """Continue a run planned for ``planned_steps`` (T1) steps past them, to the resumed
+    Trainer's ``max_steps`` (T2), from step ``from_step`` (the checkpoint's: T1 for a finished
+    run): the Trainer's LR schedule continued by ``lr_rule`` ("stretch", "reanchor" or
+    "rewarm", as `danastar.optim.extended_schedule`, with ``rewarm_steps`` and ``peak``), the
+    log-time weight decay by ``decay_rule`` ("keep", "reanchor" or "planned", as
+    ``optimizer.extend_to``). Applied when training begins, after the checkpoint is loaded;
+    the same callback on a later resume gives the same schedule and decay, so the run resumes
+    as it would have gone on."""
+
+    def __init__(self, planned_steps: int, from_step: int, lr_rule: str = "stretch",
+                 decay_rule: str = "keep", rewarm_steps: int | None = None, peak: float = 1.0):
+        check(lr_rule in LR_RULES,
+              f"lr_rule must be one of {', '.join(LR_RULES)}, got {lr_rule!r}")
+        check_decay_rule(decay_rule)
+        self.planned_steps, self.from_step = planned_steps, from_step
+        self.lr_rule, self.decay_rule = lr_rule, decay_rule
+        self.rewarm_steps, self.peak = rewarm_steps, peak
+
+    def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None,
+                       **kwargs):
+        new_total = state.max_steps
+        extend_optimizer(getattr(optimizer, "optimizer", optimizer), new_total,
+                         from_step=self.from_step, decay_rule=self.decay_rule)
+        scheduler = getattr(lr_scheduler, "scheduler", lr_scheduler)
+        scheduler.lr_lambdas = [self.schedule(args, new_total)] * len(scheduler.lr_lambdas)
+
+    def schedule(self, args: transformers.TrainingArguments, new_total: int):
+        """The Trainer's schedule planned for T1, continued to ``new_total``."""
+        warmup = args.get_warmup_steps(self.planned_steps)
+        old = trainer_schedule(args, warmup, self.planned_steps)
+        if self.lr_rule == "rewarm":
+            rewarm = warmup if self.rewarm_steps is None else self.rewarm_steps
+            restarted = trainer_schedule(args, rewarm, new_total - self.from_step)
+            return rewarmed_schedule(old, restarted, self.from_step, rewarm, self.peak)
+        anchor = max(self.from_step, warmup)
+        check(anchor < self.planned_steps or old(anchor) > 0,
+              f"the Trainer's {args.lr_scheduler_type} schedule has ended at 0 by step {anchor}, "
+              f"so there is nothing left to {self.lr_rule}; use lr_rule 'rewarm'")
+        if self.lr_rule == "stretch":
+            return stretched_schedule(old, anchor, self.planned_steps, new_total)
+        planned = trainer_schedule(args, warmup, new_total)
+        return reanchored_schedule(old, planned, anchor, new_total)
+
+
+__all__ = ["DanastarTrainer", "ExtendRun", "SUPPORTED", "optimizer_cls_and_kwargs",
+           "trainer_optimizer"]
