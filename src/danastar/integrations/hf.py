@@ -54,8 +54,7 @@ from danastar.hparams import (
     rewarmed_schedule,
     stretched_schedule,
 )
-from danastar.optim import param_groups
-from danastar.optim.extension import extend_optimizer
+from danastar.optim import extend_optimizer, param_groups
 from danastar.optim.registry import OPTIMIZERS
 from danastar.optim.weight_decay import (
     PAPER_OMEGA,
