@@ -10,7 +10,7 @@ import torch
 
 from danastar.cli import main as danastar_main
 from danastar.models import ModelConfig, build_model
-from danastar.train.plan import how_measured, timing_stand_in
+from danastar.train.estimate import how_measured, timing_stand_in
 
 
 def model(arch: str, heads: int, **overrides) -> ModelConfig:

@@ -12,7 +12,7 @@ import pytest
 from danastar.cli import main
 from danastar.commands import train as train_command
 from danastar.rundir.lock import hold
-from danastar.train import plan as plan_module
+from danastar.train import memory as memory_module
 
 from train_helpers import TINY
 
@@ -139,7 +139,7 @@ def test_the_dry_run_of_a_directory_in_use_is_refused_as_training_refuses_it(tmp
 
 def test_a_model_that_cannot_fit_in_memory_is_refused_before_anything_is_allocated(
         tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(plan_module, "available_memory", lambda: 2**20)  # 1 MiB available
+    monkeypatch.setattr(memory_module, "available_memory", lambda: 2**20)  # 1 MiB available
     run_dir = tmp_path / "run"
     args = ["train", *TINY, "--iterations", "2", "--run_dir", run_dir]
     code, lines = said(capsys, *args)

@@ -37,6 +37,7 @@ def counted(monkeypatch):
 def test_a_start_plans_once_and_builds_one_meta_model(counted, tmp_path, options):
     code = main(["train", "--dataset", "synthetic", "--heads", "2", "--iterations", "1",
                  "--batch_size", "2", "--sequence_length", "16", "--eval_interval", "1",
-                 "--run_dir", str(tmp_path / "run"), *options])
+                 "--run_dir", str(tmp_path / "run"), "train.eval_batches=1",
+                 "train.final_eval_batches=1", "train.sample_tokens=0", "--no_wandb", *options])
     assert code == 0
     assert counted == {"plans": 1, "meta builds": 1, "builds": 1}

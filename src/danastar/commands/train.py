@@ -19,18 +19,23 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from danastar.config import TrainConfig, epochs_text, load_config, run_directory
+from danastar.config import TrainConfig, epochs_text, load_config
 from danastar.errors import UserError, report
 from danastar.progress import Stages
 from danastar.scaling import DEFAULT_OMEGA, Plan
 from danastar.train.data import check_prepared_here
-from danastar.train.plan import (
-    checked_start,
-    estimated_time,
-    memory_problem,
-    planned_run,
-    planned_warning,
+from danastar.train.decision import (
+    START_FILE_VARIABLE,
+    StartDecision,
+    after_preparing,
+    decide,
+    read_for_worker,
+    undecided,
+    write_for_workers,
 )
+from danastar.train.estimate import estimated_time
+from danastar.train.memory import memory_problem
+from danastar.train.plan import planned_warning
 
 
 def main(argv: list[str]) -> int:
@@ -45,47 +50,57 @@ def main(argv: list[str]) -> int:
 
     export_torch_environment()
     from danastar.launch.local import launch, under_torchrun
-    from danastar.train.identity import planned_run_dir
 
-    worker = under_torchrun()  # one of N processes: rank 0 decides about the run directory
+    worker = under_torchrun()  # one of N processes: its launcher (or rank 0) decides the start
     world_size = int(os.environ.get("WORLD_SIZE", config.parallel.nproc))
-    # --run_dir, or the automatic directory of these settings (rank 0 chooses it again when the
-    # run starts); a worker leaves the checks below to rank 0.
-    run_dir, note = (run_directory(config), None) if worker else \
-        planned_run_dir(config, world_size)
     if planning and not getattr(args, "json", False):  # a person waits: seconds on a busy CPU
         Stages("danastar train").start("planning the run: the model built on the meta device, "
                                        "the data and the run directory checked",
                                        only_on_terminal=True)
     # What training would refuse is refused here, the dry run's checks and the real start's
-    # alike (`checked_start`: the data, the run directory's lock, probed, and its resume): once
-    # (not by each of N workers), before data is prepared, a process is started or a file is
-    # written.
-    plan, planned = (planned_run(config, run_dir=run_dir) if worker
-                     else checked_start(config, run_dir, note))
+    # alike (`decide`: the data, the run directory's lock, probed, and its resume): once (not
+    # by each of N workers), before data is prepared, a process is started or a file is written.
+    decision = decide(config, world_size) if not worker else \
+        read_for_worker(config, world_size) or undecided(config)
+    run_dir = None if worker else decision.run_dir.path
     # this model, finite weights; none where the export is gone and the run resumes
-    source = init_from(config, plan, None if worker else run_dir, check_values=not worker)
-    if config.train.init_from:
-        planned["init_from"] = export_record(config, source)
+    source = init_from(config, decision.plan, run_dir, check_values=not worker)
     if planning:
-        show_plan(config, planned, plan, source, as_json=getattr(args, "json", False))
+        planned = decision.planned
+        if config.train.init_from:
+            planned["init_from"] = export_record(config, source)
+        show_plan(config, planned, decision.plan, source, as_json=getattr(args, "json", False))
     # Data this machine lacks and training would not prepare is refused after the plan (which
     # needs none): a dry run shows the plan, then refuses as the run would.
     check_prepared_here(config.data.dataset)
     if planning:
         return 0
-    if not under_torchrun():
+    if not worker:
         # Facts of this machine, which a dry run (planning for any machine) does not check: here
         # they are refused once rather than by each worker, and before data is prepared.
-        check_this_machine(config, plan, planned["batch_layout"]["world_size"])
-    if config.parallel.nproc > 1 and not under_torchrun():
-        if config.data.dataset != "synthetic":
-            from danastar.data.prepare import ensure_prepared
+        check_this_machine(config, decision.plan,
+                           decision.planned["batch_layout"]["world_size"])
+    if config.parallel.nproc > 1 and not worker:
+        return launch_workers(config, decision, argv, world_size, launch)
+    return run_training(config, decision, initial_weights(source, config))
 
-            ensure_prepared(config.data.dataset)  # missing data is one message; prepared once
-        # The workers' stop file goes in the run directory (now the data is there to compare).
-        return launch(config.parallel.nproc, argv, planned_run_dir(config, world_size)[0])
-    return run_training(config, plan, initial_weights(source, config))
+
+def launch_workers(config: TrainConfig, decision: StartDecision, argv: list[str],
+                   world_size: int, launch) -> int:
+    """Prepare the data once, then start the workers with the start decided here, written into
+    the run directory (whose stop file the launcher also writes on a stop signal)."""
+    if config.data.dataset != "synthetic":
+        from danastar.data.prepare import ensure_prepared
+
+        ensure_prepared(config.data.dataset)  # missing data is one message; prepared once
+    decision = after_preparing(decision, config, world_size)
+    start_file = write_for_workers(decision, config)
+    os.environ[START_FILE_VARIABLE] = str(start_file)
+    try:
+        return launch(config.parallel.nproc, argv, decision.run_dir.path)
+    finally:
+        os.environ.pop(START_FILE_VARIABLE, None)
+        start_file.unlink(missing_ok=True)
 
 
 def show_plan(config: TrainConfig, planned: dict, plan: Plan, source, as_json: bool) -> None:
@@ -173,30 +188,31 @@ def initial_weights(source, config: TrainConfig):
     return refuse
 
 
-def run_training(config: TrainConfig, plan: Plan | None = None, weights=None) -> int:
+def run_training(config: TrainConfig, decision: StartDecision | None = None,
+                 weights=None) -> int:
     """Train in this process (`weights`: see `initial_weights`). A user error that every rank
     raises is printed by rank 0 alone; Ctrl-C pressed twice (or before training starts) stops at
     once with exit 130, no traceback."""
     from danastar.launch.local import under_torchrun
 
     if not (under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1):
-        return train_here(config, plan, weights)
+        return train_here(config, decision, weights)
     try:
-        code = train_here(config, plan, weights)
+        code = train_here(config, decision, weights)
     except UserError as error:  # said here, so that rank 0 too leaves through leave_worker
         code = report(error, "train")
     leave_worker(code)  # after a complete run, a stop, a refusal or Ctrl-C alike
 
 
-def train_here(config: TrainConfig, plan: Plan | None = None, weights=None) -> int:
+def train_here(config: TrainConfig, decision: StartDecision | None = None, weights=None) -> int:
     from danastar.launch.local import is_main_process
     from danastar.train.signals import INTERRUPTED_EXIT_CODE
 
     try:
         from danastar.train.loop import train
 
-        # the plan made above: one process plans once
-        return train(config, plan, initial_weights=weights)
+        # the start decided above: one process plans once
+        return train(config, decision, initial_weights=weights)
     except UserError as error:
         if error.reported_by_rank_0:
             return error.exit_code

@@ -38,8 +38,9 @@ def checked_run(train_argv: list[str], run_dir: Path | None, world: int, profile
     train_argv, extra, plan, config = validated_run(train_argv, world, profile, lr_multiplier,
                                                     run_dir)
     if run_dir is None:
-        run_dir, note = planned_run_dir(config, world, base)
-        plan.update(run_dir=str(run_dir), run_dir_note=note)
+        chosen = planned_run_dir(config, world, base)
+        run_dir = chosen.path
+        plan.update(run_dir=str(run_dir), run_dir_note=chosen.note)
     check_resume(config, run_dir, world)
     return run_dir, [*train_argv, *extra], plan, config
 

@@ -35,6 +35,7 @@ METRICS_FILE = "metrics.jsonl"
 SUPERSEDED_FILE = "metrics-superseded.jsonl"  # lines a resumed run logs again, kept
 STATUS_FILE = "status.json"
 STOP_FILE = "STOP"
+START_FILE = "start.json"  # `train --nproc N`'s start decision for its workers (gone after them)
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_NAME = re.compile(r"^(latest|permanent)-(\d{8})$")  # a checkpoint in it: <kind>-<step>
 LOGS_DIR = "logs"

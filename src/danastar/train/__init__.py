@@ -1,6 +1,9 @@
-"""Training: `loop.train(config, plan)` and the rooms it is made of.
+"""Training: `loop.train(config, decision)` and the rooms it is made of.
 
     loop        the run, top to bottom, and what happens after each step
+    decision    the start decided once (plan, run directory), for --nproc's workers too
+    plan        a run planned without training: the dry run, its checks (estimate: the time,
+                memory: whether it fits)
     start       the run directory taken: its lock, resume or a fresh start, the run's files
     identity    what makes a run the same run (run.json); the automatic run directory
     optimizer   the planned optimizer and its LR schedule

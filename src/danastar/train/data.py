@@ -18,12 +18,10 @@ import torch
 
 from danastar.config import BatchLayout, TrainConfig
 from danastar.data.loader import TokenData, TrainLoader, validation_batches
+from danastar.data.planned import SYNTHETIC_TRAIN_TOKENS, SYNTHETIC_VOCAB_SIZE
 from danastar.data.prepare import AUTO_PREPARED, default_data_dir, ensure_prepared, is_prepared
 from danastar.data.sources import SOURCES
 from danastar.train.parallel import Distributed
-
-SYNTHETIC_VOCAB_SIZE = 512
-SYNTHETIC_TRAIN_TOKENS = 400_000
 
 
 def open_tokens(config: TrainConfig, prepare: bool = True) -> Optional[TokenData]:

@@ -29,6 +29,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -396,23 +397,42 @@ def holds_this_run(run_dir: Path, identity: dict[str, Any], older_is_ours: bool)
     return not refused and step <= identity["iterations"]
 
 
-def planned_run_dir(config, world_size: int, base: Optional[Path] = None
-                    ) -> tuple[Path, Optional[str]]:
+@dataclass(frozen=True)
+class RunDirChoice:
+    """Where `train` will run (`planned_run_dir`), why there (`note`, when it is not the
+    settings' own name), and what the choice rests on: `data`, the fingerprint of the data its
+    runs were compared on (`dataset_identity`; None where nothing needed comparing), and
+    `undecided`, where the data is not prepared yet and runs were there to compare (training
+    chooses again once it is)."""
+
+    path: Path
+    note: Optional[str] = None
+    data: Optional[dict[str, Any]] = None
+    undecided: bool = False
+
+    def holds_for(self, dataset_fingerprint: dict[str, Any], given: bool) -> bool:
+        """Whether the choice stands for data of `dataset_fingerprint` (`given`: --run_dir)."""
+        return given or (not self.undecided and self.data in (None, dataset_fingerprint))
+
+
+def planned_run_dir(config, world_size: int, base: Optional[Path] = None) -> RunDirChoice:
     """The directory `train` will use for `config` (and the line of `choose_run_dir`), worked
     out without writing or preparing anything: --run_dir as given, else the automatic one next
     to `base` (default: `default_run_dir`). Where the data is not prepared yet nothing could be
     compared, and the base is the answer (training chooses again once it is)."""
     if config.logging.run_dir:
-        return Path(config.logging.run_dir), None
+        return RunDirChoice(Path(config.logging.run_dir))
     base = default_run_dir(config) if base is None else base
     if not has_earlier_run(base) and not any(base.parent.glob(f"{glob.escape(base.name)}-*")):
-        return base, None  # nothing to compare with (the common case: no tokens opened)
+        return RunDirChoice(base)  # nothing to compare with (the common case: no tokens opened)
     tokens = open_tokens(config, prepare=False)
     if tokens is None:
-        return base, None
-    return choose_run_dir(base, planned_identity(config, world_size, tokens),
-                          lambda iterations: planned_identity(
-                              config_with_iterations(config, iterations), world_size, tokens))
+        return RunDirChoice(base, undecided=True)
+    path, note = choose_run_dir(base, planned_identity(config, world_size, tokens),
+                                lambda iterations: planned_identity(
+                                    config_with_iterations(config, iterations), world_size,
+                                    tokens))
+    return RunDirChoice(path, note, data=dataset_identity(config.data.dataset, tokens))
 
 
 def config_with_iterations(config, iterations: int):

@@ -52,6 +52,7 @@ from danastar.train import identity as run_identity
 from danastar.train import parallel
 from danastar.train.checkpoint import Checkpointer
 from danastar.train.data import TrainingData
+from danastar.train.decision import StartDecision
 from danastar.train.determinism import warm_up_cpu_math
 from danastar.train.evaluation import evaluate as evaluate  # also known here
 from danastar.train.evaluation import generate_sample
@@ -72,14 +73,14 @@ from danastar.train.step import train_step
 from danastar.train.wrap import parallelize, unwrap
 
 
-def train(config: TrainConfig, plan: Plan | None = None,
+def train(config: TrainConfig, decision: StartDecision | None = None,
           initial_weights: Callable[[], dict[str, torch.Tensor]] | None = None) -> int:
     """Run (or resume) the configured training in this process; returns the exit code.
 
-    `plan`: the run's plan when the caller has made it already (`make_run_plan` for this
-    config, vocabulary and data-parallel size); None plans here, once the data is open.
-    `initial_weights`: for `--init_from`, a function returning the full state dict a fresh
-    start begins from (the command reads the export; a resume never calls it)."""
+    `decision`: the start `danastar train` decided (`train.decision`: the plan and the run
+    directory); None decides here, once the data is open. `initial_weights`: for
+    `--init_from`, a function returning the full state dict a fresh start begins from (the
+    command reads the export; a resume never calls it)."""
     env = parallel.setup_distributed(config)
     warm_up_cpu_math(env.device)  # before any forward pass: see determinism.py
     with contextlib.ExitStack() as cleanup:  # closes what `run` opens, also when it raises
@@ -88,23 +89,26 @@ def train(config: TrainConfig, plan: Plan | None = None,
         # may still be talking to it
         cleanup.push(lambda kind, error, _: parallel.teardown(
             synchronize=kind is None or getattr(error, "raised_by_every_rank", False)))
-        return run(config, env, cleanup, plan, initial_weights)
+        return run(config, env, cleanup, decision, initial_weights)
 
 
 def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.ExitStack,
-        plan: Plan | None = None,
+        decision: StartDecision | None = None,
         initial_weights: Callable[[], dict[str, torch.Tensor]] | None = None) -> int:
     # -- data, plan and the run directory ------------------------------------------------------
     layout = batch_layout(config, env.world_size)
     data = TrainingData.open(config, env, layout)
     cleanup.callback(data.close)
-    # A plan made before the data was prepared may have assumed another vocabulary: plan again.
+    # What preparing the data can change of the decision: the vocabulary (plan again) and the
+    # data the automatic directory was chosen on (choose again).
+    plan = decision.plan if decision else None
     if plan is None or (plan.vocab_size, plan.world_size) != (data.vocab_size,
                                                                layout.data_parallel_size):
         plan = make_run_plan(config, data.vocab_size, layout.data_parallel_size)
     identity = run_identity.run_identity(config, plan, layout, data.tokens)
     notes: list[str] = []  # said once the logger exists (it writes into the run directory)
-    run_dir = where_to_run(config, identity, layout, data, env, notes)
+    run_dir = where_to_run(config, identity, layout, data, env, notes,
+                           decision.run_dir if decision else None)
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     parallel.barrier()

@@ -84,11 +84,19 @@ def decided_on_rank_0(decide, env: parallel.Distributed):
 
 
 def where_to_run(config: TrainConfig, identity: dict, layout, data: TrainingData,
-                 env: parallel.Distributed, notes: list[str]) -> Path:
-    """--run_dir, or the automatic directory for this run's settings
-    (`identity.choose_run_dir`: the default name, or one of its own beside it when that holds
-    another run), chosen by rank 0 and given to every rank."""
-    if config.logging.run_dir:
+                 env: parallel.Distributed, notes: list[str],
+                 chosen: run_identity.RunDirChoice | None = None) -> Path:
+    """The directory `chosen` before the run started (`train.decision`) where that choice
+    stands for the data now open; else --run_dir, or the automatic directory for this run's
+    settings (`identity.choose_run_dir`: the default name, or one of its own beside it when
+    that holds another run), chosen by rank 0 and given to every rank."""
+    given = bool(config.logging.run_dir)
+    if chosen is not None and chosen.holds_for(
+            run_identity.dataset_identity(config.data.dataset, data.tokens), given):
+        if chosen.note:
+            notes.append(chosen.note)
+        return chosen.path
+    if given:
         return Path(config.logging.run_dir)
     run_dir, note = decided_on_rank_0(lambda: run_identity.choose_run_dir(
         default_run_dir(config), identity,
