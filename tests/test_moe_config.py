@@ -127,24 +127,25 @@ def test_the_plan_counts_a_moe_enoki_in_both_conventions_and_budgets_its_active_
     # part): dense 63.7M, total 361.0M, active 106.2M non-embedding parameters.
     moe = {"moe": True, "moe_num_experts": 8, "moe_num_experts_per_tok": 2}
     plan = make_plan("enoki", "adamw", 12, model_options=moe)
-    assert round(plan.non_embedding_params / 1e6, 1) == 63.7
-    assert round(plan.total_non_embedding_params / 1e6, 1) == 361.0
-    assert round(plan.active_non_embedding_params / 1e6, 1) == 106.2
+    assert round(plan.params.non_embedding_params / 1e6, 1) == 63.7
+    assert round(plan.params.total_non_embedding_params / 1e6, 1) == 361.0
+    assert round(plan.params.active_non_embedding_params / 1e6, 1) == 106.2
     with torch.device("meta"):
         model = build_model(plan.model_config())
-    assert plan.exact_total_params == model.num_params()
-    assert plan.exact_active_params == model.num_params(active=True)
-    assert plan.exact_active_params < plan.exact_total_params
+    assert plan.params.exact_total_params == model.num_params()
+    assert plan.params.exact_active_params == model.num_params(active=True)
+    assert plan.params.exact_active_params < plan.params.exact_total_params
     # the LR law at the active count, the budget 20 × (active + embeddings)
-    assert plan.lr == lr_law("enoki", "adamw", plan.active_non_embedding_params)[0]
-    assert plan.active_params == plan.active_non_embedding_params + 2 * 768 * 50304
-    assert plan.chinchilla_tokens == 20 * plan.active_params
+    assert plan.lr == lr_law("enoki", "adamw", plan.params.active_non_embedding_params)[0]
+    assert plan.params.active_params == plan.params.active_non_embedding_params + 2 * 768 * 50304
+    assert plan.chinchilla_tokens == 20 * plan.params.active_params
     total = make_plan("enoki", "adamw", 12, model_options=moe, moe_budget="total")
-    assert total.chinchilla_tokens == 20 * total.total_params > plan.chinchilla_tokens
+    assert total.chinchilla_tokens == 20 * total.params.total_params > plan.chinchilla_tokens
     dense = make_plan("enoki", "adamw", 12)
-    assert (dense.active_params, dense.exact_active_params) == (dense.total_params,
-                                                                dense.exact_total_params)
-    assert dense.active_non_embedding_params == dense.non_embedding_params
+    counts = dense.params
+    assert (counts.active_params, counts.exact_active_params) == (counts.total_params,
+                                                                  counts.exact_total_params)
+    assert dense.params.active_non_embedding_params == dense.params.non_embedding_params
 
 
 def test_the_dry_run_shows_total_and_active_and_the_lr_tables_each_arch_reads(capsys):

@@ -20,8 +20,8 @@ from danastar.scaling import make_plan
 )
 def test_enoki_reference_ladder(heads, total, iterations):
     plan = make_plan("enoki", "adamw", heads)
-    assert plan.padded_vocab_size == 50304
-    assert float(f"{plan.total_params:.3g}") == total
+    assert plan.model.padded_vocab_size == 50304
+    assert float(f"{plan.params.total_params:.3g}") == total
     assert plan.iterations == iterations
     assert plan.warmup_steps == iterations // 50
     assert plan.tokens_per_step == 32 * 2048
@@ -36,8 +36,8 @@ def test_reference_learning_rates_enoki_h12():
 
 def test_lr_law_formula_and_kappa_lookup():
     plan = make_plan("enoki", "adana", 6, kappa=0.83)  # nearest tabulated κ is 0.85
-    assert plan.non_embedding_params == 12 * 384**2 * 4
-    assert plan.lr == 2.25e1 * (1.22e5 + plan.non_embedding_params) ** -0.618
+    assert plan.params.non_embedding_params == 12 * 384**2 * 4
+    assert plan.lr == 2.25e1 * (1.22e5 + plan.params.non_embedding_params) ** -0.618
     assert plan.lr_rule == "enoki/batch32/adana/kappa0.85"
     assert make_plan("enoki", "adana", 6, kappa=0.77).lr_rule.endswith("kappa0.75")
     assert make_plan("enoki", "adana", 6, kappa=0.99).lr_rule.endswith("kappa0.9")
@@ -48,8 +48,8 @@ def test_lr_law_formula_and_kappa_lookup():
 def test_global_batch_picks_the_table():
     p = make_plan("enoki", "adamw", 6, batch_size=64, acc_steps=8)  # global batch 512
     assert p.lr_rule == "enoki/batch512/adamw"
-    assert p.lr == 1.67e1 * (1.58e7 + p.non_embedding_params) ** -0.464
-    assert p.iterations == int(20 * p.total_params) // (512 * 2048)
+    assert p.lr == 1.67e1 * (1.58e7 + p.params.non_embedding_params) ** -0.464
+    assert p.iterations == int(20 * p.params.total_params) // (512 * 2048)
     # per-rank micro-batch does not matter, only batch_size · acc_steps
     assert make_plan("enoki", "adamw", 6, batch_size=512, world_size=8).lr_rule == p.lr_rule
     # 512 without a row for this optimizer, or another global batch: the batch-32 table
@@ -59,10 +59,12 @@ def test_global_batch_picks_the_table():
 
 def test_qwen3_table_and_fallback():
     plan = make_plan("qwen3", "dana-star-mk4", 4)
-    assert (plan.n_layer, plan.n_embd, plan.head_dim, plan.mlp_hidden) == (8, 512, 128, 1536)
+    shape = plan.model
+    assert (shape.n_layer, shape.n_embd, shape.head_dim, shape.mlp_hidden) == (8, 512, 128, 1536)
     assert plan.lr_rule == "qwen3/batch32/dana-star-mk4/kappa0.85"
     assert plan.lr == 9.39e1 * (1.71e4 + 12 * 512**2 * 8) ** -0.701
-    assert plan.exact_non_embedding_params > plan.non_embedding_params  # 14·d²·L, gated
+    counts = plan.params
+    assert counts.exact_non_embedding_params > counts.non_embedding_params  # 14·d²·L, gated
     assert make_plan("qwen3", "ademamix", 4).lr_rule == "enoki/batch32/ademamix"
 
 
@@ -115,7 +117,7 @@ def test_overrides_propagate_downstream():
     assert fixed.weight_decay == 0.1 and fixed.optimizer_hparams["weight_decay"] == 0.1
     assert fixed.warmup_steps == 7
     wider = make_plan("enoki", "adamw", 6, n_embd=512)
-    assert wider.non_embedding_params == 12 * 512**2 * 4
+    assert wider.params.non_embedding_params == 12 * 512**2 * 4
     assert wider.lr < make_plan("enoki", "adamw", 6).lr
     assert make_plan("enoki", "adamw", 6, tokens=65536 * 10).iterations == 10
 
@@ -156,8 +158,8 @@ def test_plan_is_json_ready_and_builds_its_model():
     config = plan.model_config()
     assert config == ModelConfig.from_heads("qwen3", 2, vocab_size=1000, max_seq_len=128)
     model = build_model(config)
-    assert model.num_params() == plan.exact_total_params
-    assert model.num_params(exact=False) == plan.total_params
+    assert model.num_params() == plan.params.exact_total_params
+    assert model.num_params(exact=False) == plan.params.total_params
 
 
 def test_dimensions_follow_the_heads_rule():

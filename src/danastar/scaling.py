@@ -178,32 +178,82 @@ MOE_SHAPE = ("moe_num_experts", "moe_num_shared_experts", "moe_num_experts_per_t
 MODEL_SHAPE = ("arch", "n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden", "vocab_size")
 
 
-def _of_model(name: str) -> property:
-    return property(lambda plan: getattr(plan.model, name), doc=f"``model.{name}``")
+@dataclasses.dataclass(frozen=True)
+class PlanCounts:
+    """A plan's parameter counts, by the names plan.json gives them. The LR laws' convention
+    counts the dense part as 12·d²·L; the exact counts are the model's own. A mixture of experts
+    counts its parameters twice: all of them (total) and those one token multiplies (active: k
+    routed experts of R); a dense model has active = total."""
+
+    non_embedding_params: int  # 12·d²·L, the LR laws' convention (a MoE's dense part)
+    exact_non_embedding_params: int  # the model's real count without embedding and head
+    total_params: int  # total_non_embedding_params + d·V per embedding matrix (the budget's)
+    exact_total_params: int  # the model's real count
+    total_non_embedding_params: int  # + L_m·((E−1)·P_x + d·R)
+    active_non_embedding_params: int  # + L_m·(k+S−1)·P_x: where the LR law is evaluated
+    active_params: int  # active_non_embedding_params + embeddings
+    exact_active_non_embedding_params: int
+    exact_active_params: int
+
+
+def plan_counts(model: ModelConfig) -> PlanCounts:
+    """The counts of ``model``: the LR laws' from its shape, the exact ones from the model built
+    on the meta device."""
+    counts = param_counts(model)
+    exact_non_embedding = counted_non_embedding_params(model)
+    embedding = counts.embedding
+    exact_active = counts.active_non_embedding + exact_non_embedding - counts.non_embedding
+    return PlanCounts(
+        non_embedding_params=counts.lr_law_params,
+        exact_non_embedding_params=exact_non_embedding,
+        total_params=counts.lr_law_params_total + embedding,
+        exact_total_params=exact_non_embedding + embedding,
+        total_non_embedding_params=counts.lr_law_params_total,
+        active_non_embedding_params=counts.lr_law_params_active,
+        active_params=counts.lr_law_params_active + embedding,
+        exact_active_non_embedding_params=exact_active,
+        exact_active_params=exact_active + embedding)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRequest:
+    """What a plan is made from (`plan_for`): the architecture, optimizer and heads, the batch
+    (``batch_size · acc_steps`` is the global batch), the vocabulary, the data-parallel size,
+    the optimizer's run settings (κ, δ, ω, the SNR clip: None takes the optimizer's default),
+    ``model_options`` (further :class:`ModelConfig` fields that change the counts, flat or nested
+    as ``ModelConfig.from_dict`` reads them), which count of a MoE the token budget is 20 times
+    (``moe_budget``), and ``overrides`` (any of ``PLAN_OVERRIDES``), which replace a derived
+    value, everything derived from it following (``iterations`` sets the warm-up, ``wd_ts``
+    and the weight decay)."""
+
+    arch: str
+    opt: str
+    heads: int
+    batch_size: int = 32
+    acc_steps: int = 1
+    seq_len: int = 2048
+    vocab_size: int = 50257
+    world_size: int = 1
+    kappa: float | None = None
+    delta: float | None = None
+    omega: float = DEFAULT_OMEGA
+    clipsnr: float | None = None
+    model_options: dict[str, Any] | None = None
+    moe_budget: str = "active"
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Everything a run derives from (arch, opt, heads, batch, sequence length, vocabulary).
 
-    The model's shape is its :class:`ModelConfig`, ``plan.model``, not a copy of its fields
-    (``plan.n_layer`` and the like read it)."""
+    The model's shape is its :class:`ModelConfig`, ``plan.model`` (``plan.model.n_layer``), and
+    its parameter counts a :class:`PlanCounts`, ``plan.params``: neither is copied here."""
 
     model: ModelConfig  # the shape; max_seq_len is seq_len
     opt: str
     heads: int
-    non_embedding_params: int  # 12·d²·L, the LR laws' convention (a MoE's dense part)
-    exact_non_embedding_params: int  # the model's real count without embedding and head
-    total_params: int  # total_non_embedding_params + d·V per embedding matrix (the budget's)
-    exact_total_params: int  # the model's real count
-    # A mixture of experts counts its parameters twice: all of them (total) and those one token
-    # multiplies (active: k routed experts of R). In the LR laws' convention the dense part is
-    # 12·d²·L; a dense model has active = total.
-    total_non_embedding_params: int  # + L_m·((E−1)·P_x + d·R)
-    active_non_embedding_params: int  # + L_m·(k+S−1)·P_x: where the LR law is evaluated
-    active_params: int  # active_non_embedding_params + embeddings
-    exact_active_non_embedding_params: int
-    exact_active_params: int
+    params: PlanCounts
     moe_budget: str  # chinchilla_tokens from the "active" or the "total" parameters
     batch_size: int  # sequences per micro-step, all ranks together
     acc_steps: int
@@ -225,19 +275,11 @@ class Plan:
     clipsnr: float | None
     optimizer_hparams: dict[str, Any]  # kwargs for build_optimizer(opt, params, lr, **these)
 
-    arch = _of_model("arch")
-    n_layer = _of_model("n_layer")
-    n_head = _of_model("n_head")
-    n_embd = _of_model("n_embd")
-    head_dim = _of_model("head_dim")
-    mlp_hidden = _of_model("mlp_hidden")
-    vocab_size = _of_model("vocab_size")
-    padded_vocab_size = _of_model("padded_vocab_size")
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dictionary (tuples become lists), with the model's shape flat in it."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         del fields["model"]
+        fields = {**dataclasses.asdict(fields.pop("params")), **fields}  # flat, first
         flat = self.model.to_dict()
         shape = {name: flat[name] for name in (*MODEL_SHAPE, "moe")}
         if self.model.moe:
@@ -245,7 +287,7 @@ class Plan:
             shape["moe_layers"] = list(moe_layers(self.model))
         opt, heads = fields.pop("opt"), fields.pop("heads")
         return json_ready({"arch": shape.pop("arch"), "opt": opt, "heads": heads, **shape,
-                           "padded_vocab_size": self.padded_vocab_size, **fields})
+                           "padded_vocab_size": self.model.padded_vocab_size, **fields})
 
     def model_config(self, **overrides: Any) -> ModelConfig:
         """The :class:`danastar.models.ModelConfig` of this plan's model (``overrides`` replace
@@ -261,64 +303,51 @@ def json_ready(value: Any) -> Any:
     return value
 
 
-def make_plan(arch: str, opt: str, heads: int, *, batch_size: int = 32, acc_steps: int = 1,
-              seq_len: int = 2048, vocab_size: int = 50257, world_size: int = 1,
-              kappa: float | None = None, delta: float | None = None,
-              omega: float = DEFAULT_OMEGA,
-              clipsnr: float | None = None, model_options: dict[str, Any] | None = None,
-              moe_budget: str = "active", **overrides: Any) -> Plan:
-    """The run plan for ``heads`` heads; ``batch_size · acc_steps`` is the global batch.
+def make_plan(arch: str, opt: str, heads: int, **settings: Any) -> Plan:
+    """The run plan for ``heads`` heads: ``plan_for(PlanRequest(arch, opt, heads, ...))``, with
+    ``settings`` the request's fields by name and any other keyword one of its ``overrides``
+    (``make_plan("enoki", "adana", 4, batch_size=64, iterations=1000)``)."""
+    fields = {field.name for field in dataclasses.fields(PlanRequest)} - {"overrides"}
+    given = {key: settings.pop(key) for key in list(settings) if key in fields}
+    return plan_for(PlanRequest(arch, opt, heads, **given, overrides=settings))
 
-    ``model_options`` are further :class:`ModelConfig` fields that change the parameter counts
-    (the mixture of experts, flat or nested as ``ModelConfig.from_dict`` reads them); the
-    architecture's own defaults (``arch_defaults``) apply under them. ``moe_budget`` says which
-    count of a MoE the token budget is 20 times.
 
-    ``overrides`` (any of ``PLAN_OVERRIDES``) replace a derived value, and everything derived
-    from it follows: e.g. ``iterations`` sets warm-up, ``wd_ts`` and the weight decay.
-    ``kappa``, ``delta`` and ``clipsnr`` left None take the optimizer's defaults; given to an
-    optimizer that does not use them, they are refused (ValueError) rather than ignored.
-    """
-    check_plan_inputs(opt, overrides, moe_budget, batch_size=batch_size, acc_steps=acc_steps,
-                      seq_len=seq_len, vocab_size=vocab_size, world_size=world_size)
-    kappa, delta, clipsnr = optimizer_settings(opt, kappa, delta, clipsnr)
-    model = planned_model(arch, heads, vocab_size, seq_len, model_options, overrides)
-    counts = param_counts(model)
-    exact_non_embedding = counted_non_embedding_params(model)
-    embedding = counts.embedding
-    total = counts.lr_law_params_total + embedding
-    active = counts.lr_law_params_active + embedding
-    exact_active = counts.active_non_embedding + exact_non_embedding - counts.non_embedding
+def plan_for(request: PlanRequest) -> Plan:
+    """The run plan `request` asks for. κ, δ and the SNR clip given to an optimizer that does
+    not use them are refused (ValueError) rather than ignored."""
+    r = request
+    overrides = r.overrides
+    check_plan_inputs(r.opt, overrides, r.moe_budget, batch_size=r.batch_size,
+                      acc_steps=r.acc_steps, seq_len=r.seq_len, vocab_size=r.vocab_size,
+                      world_size=r.world_size)
+    kappa, delta, clipsnr = optimizer_settings(r.opt, r.kappa, r.delta, r.clipsnr)
+    model = planned_model(r.arch, r.heads, r.vocab_size, r.seq_len, r.model_options, overrides)
+    counts = plan_counts(model)
 
     budget = rules()["budget"]
-    global_batch = batch_size * acc_steps
-    tokens_per_step = global_batch * seq_len
-    chinchilla_tokens = budget["tokens_per_param"] * (active if moe_budget == "active" else total)
+    global_batch = r.batch_size * r.acc_steps
+    tokens_per_step = global_batch * r.seq_len
+    chinchilla_tokens = budget["tokens_per_param"] * (
+        counts.active_params if r.moe_budget == "active" else counts.total_params)
     iterations = overrides.get("iterations",
                                overrides.get("tokens", chinchilla_tokens) // tokens_per_step)
     if iterations < 1:
         raise ValueError(f"the token budget gives {iterations} iterations; pass iterations >= 1")
     warmup_steps = overrides.get("warmup_steps", iterations // budget["warmup_divisor"])
-    lr, lr_rule = peak_lr(arch, opt, counts.lr_law_params_active, global_batch, kappa, overrides)
-    weight_decay, wd_ts = planned_weight_decay(opt, omega, lr, iterations, overrides)
-    hparams = registry.run_hparams(opt, registry.RunSettings(
+    lr, lr_rule = peak_lr(r.arch, r.opt, counts.active_non_embedding_params, global_batch,
+                          kappa, overrides)
+    weight_decay, wd_ts = planned_weight_decay(r.opt, r.omega, lr, iterations, overrides)
+    hparams = registry.run_hparams(r.opt, registry.RunSettings(
         iterations=iterations, kappa=kappa, delta=delta, clipsnr=clipsnr,
         weight_decay=weight_decay, wd_ts=wd_ts, weight_decay_given="weight_decay" in overrides))
     return Plan(
-        model=model, opt=opt, heads=heads, non_embedding_params=counts.lr_law_params,
-        exact_non_embedding_params=exact_non_embedding, total_params=total,
-        exact_total_params=exact_non_embedding + embedding,
-        total_non_embedding_params=counts.lr_law_params_total,
-        active_non_embedding_params=counts.lr_law_params_active, active_params=active,
-        exact_active_non_embedding_params=exact_active,
-        exact_active_params=exact_active + embedding, moe_budget=moe_budget,
-        batch_size=batch_size,
-        acc_steps=acc_steps, seq_len=seq_len, world_size=world_size,
-        batch_size_per_rank=batch_size // world_size, tokens_per_step=tokens_per_step,
-        chinchilla_tokens=chinchilla_tokens, iterations=iterations,
-        tokens=iterations * tokens_per_step, warmup_steps=warmup_steps, lr=lr, lr_rule=lr_rule,
-        weight_decay=weight_decay, wd_ts=wd_ts, kappa=kappa, delta=delta, omega=omega,
-        clipsnr=clipsnr, optimizer_hparams=hparams,
+        model=model, opt=r.opt, heads=r.heads, params=counts, moe_budget=r.moe_budget,
+        batch_size=r.batch_size, acc_steps=r.acc_steps, seq_len=r.seq_len,
+        world_size=r.world_size, batch_size_per_rank=r.batch_size // r.world_size,
+        tokens_per_step=tokens_per_step, chinchilla_tokens=chinchilla_tokens,
+        iterations=iterations, tokens=iterations * tokens_per_step, warmup_steps=warmup_steps,
+        lr=lr, lr_rule=lr_rule, weight_decay=weight_decay, wd_ts=wd_ts, kappa=kappa,
+        delta=delta, omega=r.omega, clipsnr=clipsnr, optimizer_hparams=hparams,
     )
 
 
@@ -414,8 +443,11 @@ def ladder_table(arch: str, opt: str, heads: list[int], **plan_kwargs: Any) -> s
              "|---|---|---|---|---|---|---|---|---|---|"]
     for h in heads:
         p = make_plan(arch, opt, h, **plan_kwargs)
-        lines.append(f"| {h} | {p.n_layer} | {p.n_embd} | {_millions(p.non_embedding_params)} "
-                     f"| {_millions(p.exact_non_embedding_params)} | {_millions(p.total_params)} "
+        counts = p.params
+        lines.append(f"| {h} | {p.model.n_layer} | {p.model.n_embd} "
+                     f"| {_millions(counts.non_embedding_params)} "
+                     f"| {_millions(counts.exact_non_embedding_params)} "
+                     f"| {_millions(counts.total_params)} "
                      f"| {p.iterations} | {p.warmup_steps} | {p.lr:.3g} | {p.weight_decay:.3g} |")
     return "\n".join(lines)
 

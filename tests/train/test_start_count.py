@@ -26,7 +26,7 @@ def counted(monkeypatch):
             return original(*args, **kwargs)
         monkeypatch.setattr(module, name, counting)
 
-    wrap(config_plan, "make_plan", "plans")
+    wrap(config_plan, "plan_for", "plans")
     wrap(scaling, "build_model", "meta builds")  # scaling builds only on the meta device
     wrap(loop, "build_model", "builds")
     return counts

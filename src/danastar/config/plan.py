@@ -13,7 +13,7 @@ from danastar.config.validate import flag_name
 from danastar.errors import UserError
 from danastar.models import ModelConfig
 from danastar.models.config import dimensions
-from danastar.scaling import Plan, make_plan, useful_epochs
+from danastar.scaling import Plan, PlanRequest, plan_for, useful_epochs
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,17 @@ def check_moe_layers(config: TrainConfig) -> None:
 def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int) -> Plan:
     """The scaling plan of this run: what `--heads` implies, with explicit settings taking
     precedence."""
+    check_moe_layers(config)
+    try:
+        plan = plan_for(plan_request(config, vocab_size, data_parallel_size))
+    except ValueError as error:
+        raise UserError(f"{str(error).rstrip('.')}.") from None
+    check_plan(config, plan)
+    return plan
+
+
+def plan_request(config: TrainConfig, vocab_size: int, data_parallel_size: int) -> PlanRequest:
+    """What this run asks of the scaling plan: its settings, each given ones an override."""
     overrides = {
         "lr": config.optim.lr,
         "weight_decay": config.optim.weight_decay,
@@ -122,29 +133,14 @@ def make_run_plan(config: TrainConfig, vocab_size: int, data_parallel_size: int)
         "n_embd": config.model.n_embd,
         "n_head": config.model.n_head,
     }
-    check_moe_layers(config)
-    try:
-        plan = make_plan(
-            config.model.arch,
-            config.optim.name,
-            config.model.heads,
-            batch_size=config.train.batch_size,
-            acc_steps=config.train.acc_steps,
-            seq_len=config.train.sequence_length,
-            vocab_size=vocab_size,
-            world_size=data_parallel_size,
-            kappa=config.optim.kappa,
-            delta=config.optim.delta,
-            omega=config.optim.omega,
-            clipsnr=config.optim.clipsnr,
-            model_options=model_options(config),
-            moe_budget=config.model.moe.budget,
-            **{key: value for key, value in overrides.items() if value is not None},
-        )
-    except ValueError as error:
-        raise UserError(f"{str(error).rstrip('.')}.") from None
-    check_plan(config, plan)
-    return plan
+    return PlanRequest(
+        config.model.arch, config.optim.name, config.model.heads,
+        batch_size=config.train.batch_size, acc_steps=config.train.acc_steps,
+        seq_len=config.train.sequence_length, vocab_size=vocab_size,
+        world_size=data_parallel_size, kappa=config.optim.kappa, delta=config.optim.delta,
+        omega=config.optim.omega, clipsnr=config.optim.clipsnr,
+        model_options=model_options(config), moe_budget=config.model.moe.budget,
+        overrides={key: value for key, value in overrides.items() if value is not None})
 
 
 def check_plan(config: TrainConfig, plan: Plan) -> None:
@@ -155,12 +151,12 @@ def check_plan(config: TrainConfig, plan: Plan) -> None:
             f"{plan.iterations} iterations; use at most {plan.iterations} warm-up steps."
         )
     tp = config.parallel.tp_size
-    for name, size in (("attention heads (n_head)", plan.n_head),
-                       ("MLP hidden units (mlp_hidden)", plan.mlp_hidden)):
+    for name, size in (("attention heads (n_head)", plan.model.n_head),
+                       ("MLP hidden units (mlp_hidden)", plan.model.mlp_hidden)):
         if size % tp:
             raise UserError(
                 f"parallel.tp_size {tp} does not divide the model's {size} {name}; choose a "
-                f"tp_size that divides both {plan.n_head} and {plan.mlp_hidden}."
+                f"tp_size that divides both {plan.model.n_head} and {plan.model.mlp_hidden}."
             )
 
 

@@ -72,7 +72,7 @@ def measure_step(config: TrainConfig, planned: dict, plan: Plan | None = None
         rate = (flops[-1] - flops[-2]) / (times[-1] - times[-2])
     blocks = timer.full.n_layer / timer.stand_in.n_layer
     fixed = max(0.0, times[-1] - flops[-1] / rate) * blocks
-    optimizer_seconds = timer.optimizer_step() * (plan.exact_total_params
+    optimizer_seconds = timer.optimizer_step() * (plan.params.exact_total_params
                                                    / timer.model.num_params())
     full_flops = planned["compute"]["flops_per_token"] * full_batch * full_length
     seconds = layout["acc_steps"] * (fixed + full_flops / rate) + optimizer_seconds
@@ -138,7 +138,7 @@ class StepTimer:
             torch.cuda.synchronize(self.device)
 
     def forward_backward(self, batch: int, length: int) -> float:
-        tokens = torch.randint(self.plan.vocab_size, (batch, length), device=self.device)
+        tokens = torch.randint(self.plan.model.vocab_size, (batch, length), device=self.device)
         self.synchronize()
         started = time.perf_counter()
         with self.autocast:

@@ -102,7 +102,7 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     # What preparing the data can change of the decision: the vocabulary (plan again) and the
     # data the automatic directory was chosen on (choose again).
     plan = decision.plan if decision else None
-    if plan is None or (plan.vocab_size, plan.world_size) != (data.vocab_size,
+    if plan is None or (plan.model.vocab_size, plan.world_size) != (data.vocab_size,
                                                                layout.data_parallel_size):
         plan = make_run_plan(config, data.vocab_size, layout.data_parallel_size)
     identity = run_identity.run_identity(config, plan, layout, data.tokens)
@@ -223,10 +223,12 @@ def finish(stop: Stop, progress: Progress, *, log: RunLogger, run_dir: Path, is_
 def describe_start(log: RunLogger, run_dir: Path, plan: Plan, layout: BatchLayout,
                    data: TrainingData, config: TrainConfig, env: parallel.Distributed,
                    resumed: Resumed | None) -> None:
-    active = (f" ({plan.exact_active_params / 1e6:.2f}M active)" if plan.model.moe else "")
+    counts = plan.params
+    active = (f" ({counts.exact_active_params / 1e6:.2f}M active)" if plan.model.moe else "")
     corpus_tokens = data.tokens.train_tokens
-    log.info(f"run directory {run_dir}; {plan.arch} with {plan.exact_total_params / 1e6:.2f}M "
-             f"parameters{active}, {plan.opt} at peak LR {plan.lr:.3g}, {plan.iterations} steps "
+    log.info(f"run directory {run_dir}; {plan.model.arch} with "
+             f"{counts.exact_total_params / 1e6:.2f}M parameters{active}, {plan.opt} at peak LR "
+             f"{plan.lr:.3g}, {plan.iterations} steps "
              f"of {layout.tokens_per_step} tokens ("
              f"{epochs_text(plan.tokens, corpus_tokens, config.data.dataset)}), "
              f"{env.world_size} process(es), backend {env.backend}, device {env.device}")

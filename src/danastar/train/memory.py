@@ -20,7 +20,7 @@ def training_memory(config: TrainConfig, plan: Plan, world_size: int, device
     backend = resolve_backend(config.parallel.backend, world_size)
     shards = world_size if backend in SHARDED_BACKENDS or config.parallel.tp_size > 1 else 1
     state_bytes = 2 if config.optim.state_dtype == "bfloat16" else 4
-    per_process = plan.exact_total_params * (4 + (4 + 2 * state_bytes) / shards)
+    per_process = plan.params.exact_total_params * (4 + (4 + 2 * state_bytes) / shards)
     processes = 1 if device.type == "cuda" else world_size
     return int(per_process * processes), processes
 
@@ -36,7 +36,7 @@ def memory_problem(config: TrainConfig, plan: Plan, world_size: int, device) -> 
     where = (f"GPU {torch.cuda.get_device_name(device)} has {free / 2**30:.1f} GiB free"
              if device.type == "cuda" else f"machine has {free / 2**30:.1f} GiB available")
     each = f" in {processes} processes" if processes > 1 else ""
-    return (f"the model's {plan.exact_total_params:,} parameters need at least "
+    return (f"the model's {plan.params.exact_total_params:,} parameters need at least "
             f"{need / 2**30:.1f} GiB{each} for their weights, gradients and optimizer state, "
             f"and this {where}")
 

@@ -98,7 +98,7 @@ def write(run_dir: Path, step: int, eval_interval: int, arrays: dict[str, np.nda
     except (OSError, ValueError):
         meta = {}
     meta.update({
-        "optimizer": plan.opt, "arch": plan.arch, "heads": plan.heads,
+        "optimizer": plan.opt, "arch": plan.model.arch, "heads": plan.heads,
         "settings": {"kappa": plan.kappa, "delta": plan.delta, "clipsnr": plan.clipsnr,
                      "omega": plan.omega, "weight_decay": plan.weight_decay, "lr": plan.lr},
         "eval_interval": eval_interval,
