@@ -97,6 +97,17 @@ def test_an_export_is_scored_into_its_run(runs, tmp_path, capsys, monkeypatch):
     assert "tiny_choice" in json.loads((run_dir / "eval" / "3.json").read_text())["tasks"]
 
 
+def test_tasks_all_in_the_include_path_are_indexed_there_alone(tmp_path):
+    """lm-eval's own thousands of tasks are indexed only where a task asked for is not in
+    --include_path (tens of seconds per command before)."""
+    from danastar.export.evaluate import task_manager
+
+    write_task(tmp_path / "tasks")
+    write_task(tmp_path / "tasks", name="second_task")
+    assert sorted(task_manager(["tiny_choice"], tmp_path / "tasks").all_tasks) == [
+        "second_task", "tiny_choice"]
+
+
 def refusal(capsys, *args) -> str:
     capsys.readouterr()
     assert main(["eval", *args]) == 2

@@ -48,7 +48,7 @@ def evaluate(path: Path, tasks: list[str], *, limit: int | None = None,
     """Score the run, checkpoint or export ``path`` on lm-eval ``tasks``; see the module doc."""
     path = Path(path)
     _quiet_lm_eval()
-    manager = TaskManager(include_path=str(include_path) if include_path else None)
+    manager = task_manager(tasks, include_path)
     check_tasks(tasks, manager)
     if (path / "config.json").is_file():
         return _evaluate_export(path, tasks, manager, limit, batch_size, device, num_fewshot)
@@ -77,6 +77,16 @@ def _quiet_lm_eval() -> None:
     logger.setLevel(logging.WARNING)
     logger.propagate = False
     logger.handlers = [_ToStandardError()]
+
+
+def task_manager(tasks: list[str], include_path: Path | None) -> TaskManager:
+    """lm-eval's index of the tasks: of `include_path` alone where it holds every task asked
+    for (indexing lm-eval's own thousands of YAML files takes tens of seconds), else of both."""
+    if include_path:
+        own = TaskManager(include_path=str(include_path), include_defaults=False)
+        if set(tasks) <= set(own.all_tasks):
+            return own
+    return TaskManager(include_path=str(include_path) if include_path else None)
 
 
 def check_tasks(tasks: list[str], manager: TaskManager) -> None:
