@@ -22,31 +22,34 @@ from danastar.train.weights import Weights  # noqa: E402
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "ROMEO: But soft, what light? 12345"]
 
-# the model card's lines (card.py), then the tokenizer's ids, decodings and any warning as JSON
+# the model card's lines (card.py) for each (export, way) in turn, in one process; per load the
+# tokenizer's ids, decodings and any warning as one JSON line
 LOAD = """
 import json, logging, sys, warnings
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
-path, how, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+loads, texts = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 logged = []
 handler = logging.Handler(level=logging.WARNING)
 handler.emit = lambda record: logged.append(record.getMessage())
 logging.getLogger("transformers").addHandler(handler)
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    if how == "after the model":
-        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    elif how == "alone":
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    elif how == "alone, trusted":
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
-    else:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
-ids = [tokenizer(text)["input_ids"] for text in texts]
-print(json.dumps({"ids": ids, "decoded": [tokenizer.decode(i) for i in ids],
-                  "eos": tokenizer.eos_token_id, "class": type(tokenizer).__name__,
-                  "warnings": logged + [str(w.message) for w in caught]}))
+for path, how in loads:
+    logged.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if how == "after the model":
+            model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        elif how == "alone":
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        elif how == "alone, trusted":
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+        else:
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    ids = [tokenizer(text)["input_ids"] for text in texts]
+    print(json.dumps({"ids": ids, "decoded": [tokenizer.decode(i) for i in ids],
+                      "eos": tokenizer.eos_token_id, "class": type(tokenizer).__name__,
+                      "warnings": logged + [str(w.message) for w in caught]}))
 """
 
 
@@ -67,43 +70,53 @@ def exported(arch, tokenizer, folder):
     return mapping
 
 
-def load_in_a_fresh_process(folder, how, tmp_path):
+def load_in_a_fresh_process(loads, tmp_path) -> list[dict]:
+    """What each (export folder, way) of `loads` gave, loaded in turn in one fresh process."""
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
                    "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    result = subprocess.run([sys.executable, "-c", LOAD, str(folder), how, json.dumps(TEXTS)],
+    result = subprocess.run([sys.executable, "-c", LOAD, json.dumps(loads), json.dumps(TEXTS)],
                             stdin=subprocess.DEVNULL, capture_output=True, text=True,
                             timeout=300, env=environment)
     said = result.stdout + result.stderr
     assert "[y/N]" not in said and "custom code" not in said, said[-3000:]
     assert result.returncode == 0, said[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    return [json.loads(line) for line in result.stdout.splitlines()[-len(loads):]]
 
 
-CASES = {  # arch, tokenizer, how the model card loads it
-    "llama": ("llama", bpe, ["alone"]),
-    "llama-bytes": ("llama", ByteTokenizer, ["alone"]),
-    "qwen3": ("qwen3", bpe, ["alone"]),
-    "enoki": ("enoki", bpe, ["after the model", "alone, trusted", "alone, as its own class"]),
+EXPORTS = {  # arch, tokenizer
+    "llama": ("llama", bpe), "llama-bytes": ("llama", ByteTokenizer), "qwen3": ("qwen3", bpe),
+    "enoki": ("enoki", bpe)}
+# Each process loads as its model card says; a load that runs the export's code (which
+# registers its classes) is last in its process or alone, so that no load is helped by another.
+PROCESSES = {
+    "transformers-classes": [("llama", "alone"), ("llama-bytes", "alone"), ("qwen3", "alone")],
+    "enoki-alone": [("enoki", "alone, as its own class"), ("enoki", "alone, trusted")],
+    "enoki-after-the-model": [("enoki", "after the model")],
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", CASES)
-def test_the_tokenizer_loads_without_a_question_or_a_warning(name, tmp_path):
-    arch, make_tokenizer, ways = CASES[name]
-    tokenizer = make_tokenizer()
-    folder = tmp_path / "export"
-    mapping = exported(arch, tokenizer, folder)
-    assert (mapping.architecture == CUSTOM) == (arch == "enoki")
-    settings = json.loads((folder / "tokenizer_config.json").read_text())
-    assert settings["tokenizer_class"] == TOKENIZER_CLASS == "PreTrainedTokenizerFast"
-    assert "auto_map" not in settings  # no tokenizer code of its own
-    for how in ways:
-        loaded = load_in_a_fresh_process(folder, how, tmp_path)
-        assert loaded["warnings"] == [], (how, loaded["warnings"])
-        assert loaded["ids"] == [tokenizer.encode(text) for text in TEXTS], how
-        assert loaded["decoded"] == TEXTS, how
-        assert loaded["eos"] == tokenizer.eot_id, how
+@pytest.mark.parametrize("process", PROCESSES)
+def test_the_tokenizer_loads_without_a_question_or_a_warning(process, tmp_path):
+    tokenizers, loads = {}, []
+    for name, how in PROCESSES[process]:
+        arch, make_tokenizer = EXPORTS[name]
+        folder = tmp_path / name
+        if name not in tokenizers:
+            tokenizers[name] = make_tokenizer()
+            mapping = exported(arch, tokenizers[name], folder)
+            assert (mapping.architecture == CUSTOM) == (arch == "enoki")
+            settings = json.loads((folder / "tokenizer_config.json").read_text())
+            assert settings["tokenizer_class"] == TOKENIZER_CLASS == "PreTrainedTokenizerFast"
+            assert "auto_map" not in settings  # no tokenizer code of its own
+        loads.append((str(folder), how))
+    for (name, how), loaded in zip(PROCESSES[process],
+                                   load_in_a_fresh_process(loads, tmp_path)):
+        tokenizer = tokenizers[name]
+        assert loaded["warnings"] == [], (name, how, loaded["warnings"])
+        assert loaded["ids"] == [tokenizer.encode(text) for text in TEXTS], (name, how)
+        assert loaded["decoded"] == TEXTS, (name, how)
+        assert loaded["eos"] == tokenizer.eot_id, (name, how)
 
 
 def test_the_model_card_shows_each_way_to_load_the_tokenizer(tmp_path):
