@@ -301,3 +301,25 @@ def test_the_plot_command_starts_without_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=120)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_an_extended_run_shows_its_join_in_curves_and_results(tmp_path, capsys):
+    """run.json's `extensions` (`danastar train --extend`): a dotted line at the join, and the
+    results table's `extended` column (only where a run has one)."""
+    plain = write_run(tmp_path, "adana", 4, iterations=100)
+    extended = write_run(tmp_path, "adamw", 4, iterations=100)
+    extension = {"from_step": 60, "from_iterations": 60, "iterations": 100,
+                 "schedule_rule": "stretch", "decay_rule": "keep", "warmup_steps": 1}
+    (extended / "run.json").write_text(json.dumps({"identity": {}, "starts": [],
+                                                   "extensions": [extension]}))
+    runs = records.find_runs([tmp_path])
+    figure = plots.curves(runs, x="steps")
+    (ax,) = figure.axes
+    dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert len(dotted) == 1 and list(dotted[0].get_xdata()) == [60.0, 60.0]
+    assert "dotted: where a run was extended" in ax.get_title()
+    assert main(["results", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "extended" in table.splitlines()[0] and "60→100 at 60 (stretch, keep)" in table
+    assert main(["results", str(plain)]) == 0
+    assert "extended" not in capsys.readouterr().out.splitlines()[0]

@@ -97,6 +97,25 @@ class Run:
     identity: dict[str, Any] = dataclasses.field(default_factory=dict)  # run.json's
     notes: list[str] = dataclasses.field(default_factory=list)  # what could not be read
     evaluation: dict[str, Any] = dataclasses.field(default_factory=dict)  # newest eval/<step>.json
+    # run.json's `extensions`: each continuation past the planned steps (`danastar train
+    # --extend`): from_step, from_iterations, iterations, schedule_rule, decay_rule
+    extensions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def extended(self) -> str | None:
+        """Its extensions past the planned steps, as the results table shows them
+        (`10→20 at 10 (stretch, keep)`), None where it has none."""
+        return "; ".join(f"{e['from_iterations']}→{e['iterations']} at {e['from_step']} "
+                         f"({e['schedule_rule']}, {e['decay_rule']})"
+                         for e in self.extensions) or None
+
+    def joins(self, x: str = "compute") -> list[float]:
+        """Where it was extended on the axis ``x`` of `curve` (compute, tokens or steps)."""
+        per_step = float(self.plan.get("tokens_per_step", 0))
+        return [{"compute": compute.pfh(compute.flops(self.non_embedding,
+                                                      e["from_step"] * per_step)),
+                 "tokens": e["from_step"] * per_step, "steps": float(e["from_step"])}[x]
+                for e in self.extensions]
 
     @property
     def eval_scores(self) -> dict[str, float]:
@@ -339,11 +358,12 @@ def read_run(path: Path) -> Run:
         status = {}
         notes.append(f"{error}; its state is read from metrics.jsonl alone")
     metrics = _read_metrics(path / METRICS_FILE, notes)
-    identity = run_file.get("identity")
+    identity, extensions = run_file.get("identity"), run_file.get("extensions")
     run = Run(path=path, plan=plan, config=config if isinstance(config, dict) else {},
               metrics=metrics, status=status,
               identity=identity if isinstance(identity, dict) else {}, notes=notes,
-              evaluation=newest_evaluation(path, notes))
+              evaluation=newest_evaluation(path, notes),
+              extensions=extensions if isinstance(extensions, list) else [])
     try:  # what every table and figure reads from the plan
         for name in ("arch", "heads", "optimizer", "lr", "seed", "global_batch", "iterations",
                      "non_embedding", "lr_law_params", "total_params", "dataset"):

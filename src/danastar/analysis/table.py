@@ -19,15 +19,18 @@ BEST_COLUMNS = ("optimizer", "arch", "heads", "dataset", "steps", "lr", "seeds",
 
 
 def run_row(run: Run, labels: dict[tuple[str, str], str] | None = None,
-            evals: Sequence[str] = ()) -> dict[str, Any]:
+            evals: Sequence[str] = (), extended: bool = False) -> dict[str, Any]:
     """One run's row; ``labels``: `records.dataset_labels` of all the table's runs; ``evals``:
-    the score columns (`eval_columns`), after the losses, None where this run has no score."""
+    the score columns (`eval_columns`), after the losses, None where this run has no score;
+    ``extended``: with the `extended` column (`Run.extended`, where a table's run has one)."""
     dataset = (labels or records.dataset_labels([run]))[run.data]
     scores = run.eval_scores
+    steps = {"steps": f"{run.steps_done}/{run.iterations}",
+             **({"extended": run.extended} if extended else {})}
     return {"run": run.name, "arch": run.arch, "heads": run.heads,
             "dataset": None if dataset == "?" else dataset, "optimizer": run.group,
             "lr": run.lr, "omega": run.omega, "batch": run.global_batch,
-            "steps": f"{run.steps_done}/{run.iterations}", "tokens": run.tokens,
+            **steps, "tokens": run.tokens,
             "pfh": run.pfh, "final_loss": run.final_loss, "best_loss": run.best_loss,
             **{column: scores.get(column) for column in evals},
             "tokens_per_s": run.tokens_per_s, "state": run.state}
@@ -39,10 +42,12 @@ def eval_columns(runs: Sequence[Run]) -> tuple[str, ...]:
     return tuple(sorted({column for run in runs for column in run.eval_scores}))
 
 
-def run_columns(evals: Sequence[str] = ()) -> tuple[str, ...]:
-    """The run table's columns, the score columns after the losses."""
-    at = COLUMNS.index("best_loss") + 1
-    return COLUMNS[:at] + tuple(evals) + COLUMNS[at:]
+def run_columns(evals: Sequence[str] = (), extended: bool = False) -> tuple[str, ...]:
+    """The run table's columns, the score columns after the losses; ``extended``: the
+    `extended` column after the steps (where a run was continued past its planned steps)."""
+    at, steps = COLUMNS.index("best_loss") + 1, COLUMNS.index("steps") + 1
+    columns = COLUMNS[:at] + tuple(evals) + COLUMNS[at:]
+    return columns[:steps] + ("extended",) + columns[steps:] if extended else columns
 
 
 @dataclasses.dataclass(frozen=True)

@@ -179,7 +179,9 @@ def _table(runs, args, baseline) -> tuple[list[dict], tuple[str, ...]]:
         return [b.row() for b in table.best_per_size(runs)], table.BEST_COLUMNS
     labels = records.dataset_labels(runs)
     evals = table.eval_columns(runs)  # `danastar eval`'s newest scores, beside the losses
-    return [table.run_row(r, labels, evals) for r in runs], table.run_columns(evals)
+    extended = any(r.extensions for r in runs)  # continued past their planned steps
+    return ([table.run_row(r, labels, evals, extended) for r in runs],
+            table.run_columns(evals, extended))
 
 
 def _write_files(args, rows: list[dict], columns) -> None:

@@ -36,6 +36,7 @@ from danastar.train.decision import (
 from danastar.train.estimate import estimated_time
 from danastar.train.memory import memory_problem
 from danastar.train.plan import planned_warning
+from danastar.train.start import extension_line
 
 
 def main(argv: list[str]) -> int:
@@ -350,6 +351,8 @@ def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None,
     elif config.train.init_from:
         rows.append(("init from", f"{config.train.init_from} is not there now; the run resumes "
                                   "from its checkpoint, whose weights need no export"))
+    if planned.get("extension"):
+        rows.append(("extension", extension_line(planned["extension"])))
     run_dir = Path(planned["run_dir"])
     rows.append(("run dir", f"{run_dir} ({run_dir_state(run_dir, config, plan['iterations'])})"))
     lines = ["plan (--dry_run --json prints all of it as JSON):"]

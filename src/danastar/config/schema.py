@@ -91,6 +91,11 @@ class OptimSection:
     powerlaw_saturation_value: float = 0.0  # powerlaw: floor (power < 0) or ceiling
     powerlaw_power: float = -0.5
     powerlaw_time_scale: float = 1.0
+    # Continuing a run past the iterations it was planned for (docs/training.md, "Extending a
+    # run"): the LR schedule's rule (None: none asked for, so a longer --iterations that would
+    # change the schedule's past is refused) and the log-time weight decay's rule.
+    extend: Optional[str] = None  # stretch | reanchor | rewarm
+    extend_decay: str = "keep"  # keep | reanchor | planned
 
 
 @dataclass
@@ -212,6 +217,11 @@ FLAGS: dict[str, tuple[str, type, str]] = {
     "powerlaw_time_scale": ("optim.powerlaw_time_scale", float,
                             "powerlaw: steps per unit of time after warm-up (1)"),
     "iterations": ("train.iterations", int, "optimizer steps (default: the Chinchilla budget)"),
+    "extend": ("optim.extend", str, "continue a stopped or finished run to a longer --iterations "
+               "by this LR-schedule rule: stretch | reanchor | rewarm (none: refused where the "
+               "schedule's past depends on the total)"),
+    "extend_decay": ("optim.extend_decay", str, "with --extend, the log-time weight decay's "
+                     "rule: keep | reanchor | planned (keep)"),
     "iterations_to_run": (
         "train.iterations_to_run",
         int,

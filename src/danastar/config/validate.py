@@ -16,7 +16,8 @@ from danastar.models import ARCHITECTURES
 from danastar.models.config import MOE_FLAT_NAMES, arch_defaults, check_options
 from danastar.optim import registry
 from danastar.optim.base import STATE_DTYPES
-from danastar.optim.schedules import DECAY_TYPES, SCHEDULE_OPTIONS, SCHEDULES
+from danastar.optim.extension import DECAY_RULES
+from danastar.optim.schedules import DECAY_TYPES, LR_RULES, SCHEDULE_OPTIONS, SCHEDULES
 from danastar.scaling import MOE_BUDGETS, optimizers
 
 
@@ -137,6 +138,9 @@ def check_choices(config: TrainConfig) -> None:
     choose("parallel.reduce_dtype", config.parallel.reduce_dtype, ("auto", "bf16", "fp32"))
     choose("optim.scheduler", config.optim.scheduler, tuple(SCHEDULES))
     choose("optim.decay_type", config.optim.decay_type, tuple(DECAY_TYPES))
+    if config.optim.extend is not None:
+        choose("optim.extend", config.optim.extend, LR_RULES)
+    choose("optim.extend_decay", config.optim.extend_decay, DECAY_RULES)
     if not registry.is_prefixed(config.optim.name):
         choose("optim.name (--opt)", config.optim.name, tuple(optimizers()),
                also="torch:<Name> or pytorch_optimizer:<name>")

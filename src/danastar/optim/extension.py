@@ -18,7 +18,15 @@ from __future__ import annotations
 
 import torch
 
-from danastar.hparams import check, check_decay_rule, check_extension, extended_weight_decay
+from danastar.hparams import (
+    DECAY_RULES,
+    check,
+    check_decay_rule,
+    check_extension,
+    extended_weight_decay,
+)
+
+__all__ = ["DECAY_RULES", "extend_optimizer", "has_log_time_decay", "steps_taken"]
 
 
 def has_log_time_decay(group: dict) -> bool:

@@ -17,7 +17,10 @@ starts; `run.json` records each start and what changed.
 stays the same: `none` and `powerlaw` do not depend on the total, the cosine and linear decays
 (`cos_inf`, `cos`, `linear`) do once past the warm-up, `wsd` once its decay has begun. Settings
 that follow from the iterations (the warm-up when not given, the log-time weight decay's
-`wd_ts`, a coupled weight decay) are compared like any other.
+`wd_ts`, a coupled weight decay) are compared like any other, unless `--extend` names the rule
+that continues the run past its planned total (`run_extension`): then they are the new total's,
+and run.json records the extension (its steps, totals and rules) under `extensions`, which every
+later start continues under.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from danastar.rundir.files import (
     has_earlier_run,
 )
 from danastar.train.data import open_tokens
+from danastar.train.optimizer import extended_run_schedule
 
 # meta.json keys that describe the tokens themselves (other keys, such as caches of checks that
 # a later `danastar prepare` may add, do not make a different dataset).
@@ -62,6 +66,10 @@ EXPORT_KEYS = ("init_from", "init_from_fingerprint")
 # automatic directory named from its hash) of a run at the default is what it was before the
 # setting was recorded; an identity without one had the default.
 RECORDED_WHEN_SET = {"state_dtype": "float32"}
+# What follows from the iterations (where derived), and how a longer total continues a run.
+EXTENSION_FOLLOWERS = ("iterations", "wd_ts", "weight_decay", "warmup_steps")
+EXTEND_FIX = ("to continue the run to the new total, pass --extend stretch (or reanchor, "
+              "rewarm; docs/training.md, extending a run)")
 # Settings derived from the plan that the checkpoints of runs older than run.json hold.
 PLAN_KEYS = ("arch", "heads", "n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden",
              "vocab_size", "padded_vocab_size", "opt", "lr", "weight_decay", "wd_ts", "omega",
@@ -168,13 +176,26 @@ def read_run_file(run_dir: Path) -> Optional[dict[str, Any]]:
                         f"old run aside.") from None
 
 
+def extension_keys(config) -> tuple[str, ...]:
+    """The settings that follow from the iterations, which `--extend` sets anew for the longer
+    total (none without it): the iterations, `wd_ts`, and the weight decay and warm-up where they
+    are derived (not given)."""
+    if config.optim.extend is None:
+        return ()
+    derived = {"weight_decay": config.optim.weight_decay, "warmup_steps":
+               config.optim.warmup_steps}
+    return ("iterations", "wd_ts", *(key for key, given in derived.items() if given is None))
+
+
 def changed_settings(recorded: dict[str, Any], current: dict[str, Any], *, step: int,
-                     complete: bool = True) -> tuple[list[str], list[str]]:
+                     complete: bool = True, extending: tuple[str, ...] = ()
+                     ) -> tuple[list[str], list[str]]:
     """(refused, accepted) changes, each `name: old → new`, of resuming `recorded` at `step`
     with `current`. `complete=False` (the partial identity of an older checkpoint): only keys
-    both hold are compared."""
+    both hold are compared. `extending` (`extension_keys`): the settings an extension sets."""
     refused, accepted = [], []
     keys = [*recorded, *(key for key in current if key not in recorded)] if complete else recorded
+    longer = recorded.get("iterations") != current.get("iterations")
     for key in keys:
         if key not in current and not complete:
             continue
@@ -183,7 +204,11 @@ def changed_settings(recorded: dict[str, Any], current: dict[str, Any], *, step:
         if old == new:
             continue
         change = f"{key}: {show(old)} → {show(new)}"
-        if key in EXPORT_KEYS:
+        if key in extending:
+            accepted.append(f"{change} (--extend)")
+        elif key in EXTENSION_FOLLOWERS and longer and key != "iterations":
+            refused.append(f"{change} (follows from --iterations)")
+        elif key in EXPORT_KEYS:
             verdict = export_change(key, recorded, current)
             if verdict is not None:
                 (refused if verdict[0] else accepted).append(change + verdict[1])
@@ -245,6 +270,62 @@ def extension_problem(recorded: dict[str, Any], current: dict[str, Any], step: i
             f"total; none and powerlaw never do")
 
 
+def run_extension(record: Optional[dict[str, Any]], current: dict[str, Any], step: int,
+                  config) -> Optional[dict[str, Any]]:
+    """The extension a start at checkpoint `step` continues under (recorded in run.json's
+    `extensions`: from_step, from_iterations, iterations, schedule_rule, decay_rule and the
+    planned warm-up), or None: the newest recorded one where the iterations are the record's, a
+    new one where `--extend` asks for other iterations, refused (UserError) where the rules
+    cannot honour it, and where the run was extended already (one extension per run)."""
+    if record is None or "iterations" not in record["identity"]:
+        return None
+    recorded, extensions = record["identity"], record.get("extensions", [])
+    rules = (config.optim.extend, config.optim.extend_decay)
+    if current["iterations"] == recorded["iterations"]:
+        last = extensions[-1] if extensions else None
+        if last and rules[0] is not None and rules != (last["schedule_rule"],
+                                                       last["decay_rule"]):
+            raise UserError(f"this run was extended at step {last['from_step']} to "
+                            f"{last['iterations']} steps by --extend {last['schedule_rule']} "
+                            f"--extend_decay {last['decay_rule']}; resume it with those (or "
+                            f"without --extend).")
+        return last
+    if rules[0] is None:
+        return None  # `changed_settings` says why the iterations cannot change
+    if extensions:
+        last = extensions[-1]
+        raise UserError(f"this run was extended already (at step {last['from_step']}, from "
+                        f"{last['from_iterations']} to {last['iterations']} steps), and a second "
+                        f"extension is not supported; resume it with --iterations "
+                        f"{last['iterations']}, or start a run planned for "
+                        f"{current['iterations']} steps.")
+    warmup = recorded.get("warmup_steps", 0)
+    extension = {"from_step": step, "from_iterations": recorded["iterations"],
+                 "iterations": current["iterations"], "schedule_rule": rules[0],
+                 "decay_rule": rules[1], "warmup_steps": warmup}
+    if rules[0] == "rewarm":  # back up over the run's warm-up, or where it had none a 50th
+        extension["rewarm_steps"] = warmup or max(1, (current["iterations"] - step) // 50)
+    check_extension_rules(extension, recorded, config)
+    return extension
+
+
+def check_extension_rules(extension: dict[str, Any], recorded: dict[str, Any], config) -> None:
+    """Refuse an extension its rules cannot honour: the library's sentence (a decay that is over
+    cannot be stretched), and a decay rule for an optimizer without a log-time weight decay."""
+    try:
+        extended_run_schedule(config, extension)
+    except ValueError as error:
+        why = str(error).rstrip(".").replace("use rule 'rewarm'", "use --extend rewarm")
+        raise UserError(f"--extend {extension['schedule_rule']} cannot continue this run from "
+                        f"step {extension['from_step']} to {extension['iterations']} steps: "
+                        f"{why}.") from None
+    if extension["decay_rule"] != "keep" and recorded.get("wd_ts") is None and \
+            recorded.get("weight_decay"):
+        raise UserError(f"--extend_decay {extension['decay_rule']} re-anchors a log-time weight "
+                        f"decay (wd_ts), which {recorded.get('opt')} does not have; use "
+                        f"--extend_decay keep (its weight decay as it is).")
+
+
 def show(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
@@ -252,10 +333,16 @@ def show(value: Any) -> str:
 
 
 def refusal(run_dir: Path, step: int, refused: list[str], note: str = "") -> UserError:
+    """The sentence of a refused resume; where a longer --iterations is what changed, it says
+    how to continue the run to them (`--extend`)."""
+    longer = any(change.startswith("iterations:") or change.endswith("(follows from --iterations)")
+                 for change in refused)
+    extend = f"; {EXTEND_FIX}" if longer else ""
     return UserError(
         f"{run_dir} holds another run (its checkpoint at step {step} was trained with other "
-        f"settings{note}): {'; '.join(refused)}; to keep it, use another --run_dir, or pass "
-        f"--no_auto_resume to move the old run into {run_dir}/previous-<time>/ and start afresh."
+        f"settings{note}): {'; '.join(refused)}{extend}; to keep it, use another --run_dir, or "
+        f"pass --no_auto_resume to move the old run into {run_dir}/previous-<time>/ and start "
+        f"afresh."
     )
 
 
@@ -267,7 +354,7 @@ def planned_identity(config, world_size: int, tokens) -> dict[str, Any]:
     return run_identity(config, plan, layout, tokens)
 
 
-def recorded_changes(run_dir: Path, identity: dict[str, Any]
+def recorded_changes(run_dir: Path, identity: dict[str, Any], extending: tuple[str, ...] = ()
                      ) -> Optional[tuple[int, list[str], list[str]]]:
     """(step, refused, accepted) of resuming the run recorded in `run_dir` with `identity`, as
     `train` would decide it, without touching the directory; None when `train` would not resume
@@ -278,13 +365,16 @@ def recorded_changes(run_dir: Path, identity: dict[str, Any]
     record = read_run_file(run_dir) if steps else None
     if record is None:
         return None
-    refused, accepted = changed_settings(record["identity"], identity, step=max(steps))
+    refused, accepted = changed_settings(record["identity"], identity, step=max(steps),
+                                         extending=extending)
     return max(steps), refused, accepted
 
 
 def record_start(run_dir: Path, identity: dict[str, Any], config, layout, step: int,
-                 world_size: int, accepted: list[str]) -> None:
-    """Write run.json: the identity, the latest settings, and one entry per start."""
+                 world_size: int, accepted: list[str],
+                 extension: Optional[dict[str, Any]] = None) -> None:
+    """Write run.json: the identity, the latest settings, one entry per start, and the
+    extension past the planned total the run continues under (`run_extension`), if any."""
     previous = read_run_file(run_dir) or {}
     if step > 0:
         identity = with_started_export(previous.get("identity", {}), identity)
@@ -296,9 +386,14 @@ def record_start(run_dir: Path, identity: dict[str, Any], config, layout, step: 
     starts = previous.get("starts", [])
     starts.append({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "step": step,
                    "world_size": world_size, "changed": changed, "accepted": accepted})
-    write_atomic(run_dir / RUN_FILE, json.dumps(
-        {"identity": identity, "settings": settings, "batch_layout": layout.to_dict(),
-         "starts": starts}, indent=1, default=str) + "\n")
+    record = {"identity": identity, "settings": settings, "batch_layout": layout.to_dict(),
+              "starts": starts}
+    extensions = previous.get("extensions", []) if step > 0 else []
+    if extension is not None and extension not in extensions:
+        extensions.append(extension)
+    if extensions:
+        record["extensions"] = extensions
+    write_atomic(run_dir / RUN_FILE, json.dumps(record, indent=1, default=str) + "\n")
 
 
 def with_started_export(recorded: dict[str, Any], identity: dict[str, Any]) -> dict[str, Any]:
@@ -327,7 +422,8 @@ def setting_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = ""):
 # The automatic run directory
 
 def choose_run_dir(base: Path, identity: dict[str, Any],
-                   with_iterations: Callable[[int], dict[str, Any]]) -> tuple[Path, Optional[str]]:
+                   with_iterations: Callable[[int], dict[str, Any]],
+                   extending: tuple[str, ...] = ()) -> tuple[Path, Optional[str]]:
     """Where a run without --run_dir goes, and a line saying why when it is not `base` (the name
     from the run's settings, which leaves out the iterations).
 
@@ -337,13 +433,16 @@ def choose_run_dir(base: Path, identity: dict[str, Any],
     differ from base's run, `<base>-<hash of the settings>` otherwise. Each candidate's name
     depends on this run's settings alone, and a candidate that holds this run is found before a
     free one is taken, so the same command finds its directory again whatever `base` holds
-    later. `with_iterations(T)` is this run's identity with T iterations."""
+    later. `with_iterations(T)` is this run's identity with T iterations. A run extended
+    (`extending`, `extension_keys`, or one recorded) stays in the directory it was planned in,
+    whose `-it<T>` names its first total: those are looked at too."""
     iterations = identity["iterations"]
     digest = identity_digest(identity)
     candidates = [base, *(base.with_name(fit_name(f"{base.name}-{suffix}")) for suffix in (
         f"it{iterations}", digest, f"{digest}-it{iterations}"))]
-    for candidate in candidates:
-        if holds_this_run(candidate, identity, older_is_ours=candidate == base):
+    for candidate in [*candidates, *extended_candidates(base, digest, candidates, extending)]:
+        if holds_this_run(candidate, identity, older_is_ours=candidate == base,
+                          extending=extending):
             return candidate, None
     record = read_run_file(base)
     recorded = record["identity"] if record else None
@@ -368,6 +467,22 @@ def choose_run_dir(base: Path, identity: dict[str, Any],
     return base, None  # every candidate is taken: training there says why it cannot resume
 
 
+def extended_candidates(base: Path, digest: str, candidates: list[Path],
+                        extending: tuple[str, ...]) -> list[Path]:
+    """The `-it<T>` directories beside `base` (of its settings, or of this digest) other than
+    `candidates` that a run extended past its first total may be in: each, when extending, else
+    those whose run.json records an extension."""
+    found = []
+    for prefix in (base.name, f"{base.name}-{digest}"):
+        for path in sorted(base.parent.glob(f"{glob.escape(prefix)}-it*")):
+            if path in candidates or not path.name[len(prefix) + 3:].isdigit():
+                continue
+            record = read_run_file(path) if not extending else None
+            if extending or (record and record.get("extensions")):
+                found.append(path)
+    return found
+
+
 def identity_digest(identity: dict[str, Any]) -> str:
     """A short hash of the settings but the iterations (which the `-it<T>` names carry), so
     that a run extended on a schedule that allows it keeps its directory, and but the export's
@@ -383,17 +498,19 @@ def newest_step(run_dir: Path) -> int:
     return max(map(checkpoint_step, checkpoint_dirs(run_dir / CHECKPOINTS_DIR)), default=0)
 
 
-def holds_this_run(run_dir: Path, identity: dict[str, Any], older_is_ours: bool) -> bool:
+def holds_this_run(run_dir: Path, identity: dict[str, Any], older_is_ours: bool,
+                   extending: tuple[str, ...] = ()) -> bool:
     """Whether `run_dir` holds a run that `train` with `identity` would resume or continue (not
-    refuse, and not call finished beyond its total). A run directory from before run.json counts
-    as ours when `older_is_ours` (its checkpoint's plan is compared when training starts)."""
+    refuse, and not call finished beyond its total; `extending`: the settings an extension
+    sets). A run directory from before run.json counts as ours when `older_is_ours` (its
+    checkpoint's plan is compared when training starts)."""
     if not has_earlier_run(run_dir):
         return False
     record = read_run_file(run_dir)
     if record is None:
         return older_is_ours
     step = newest_step(run_dir)
-    refused, _ = changed_settings(record["identity"], identity, step=step)
+    refused, _ = changed_settings(record["identity"], identity, step=step, extending=extending)
     return not refused and step <= identity["iterations"]
 
 
@@ -431,7 +548,7 @@ def planned_run_dir(config, world_size: int, base: Optional[Path] = None) -> Run
     path, note = choose_run_dir(base, planned_identity(config, world_size, tokens),
                                 lambda iterations: planned_identity(
                                     config_with_iterations(config, iterations), world_size,
-                                    tokens))
+                                    tokens), extension_keys(config))
     return RunDirChoice(path, note, data=dataset_identity(config.data.dataset, tokens))
 
 

@@ -57,7 +57,7 @@ from danastar.train.determinism import warm_up_cpu_math
 from danastar.train.evaluation import evaluate as evaluate  # also known here
 from danastar.train.evaluation import generate_sample
 from danastar.train.logging import RunLogger, peak_flops
-from danastar.train.optimizer import make_optimizer
+from danastar.train.optimizer import extend_run, make_optimizer
 from danastar.train.parts import Evaluator, Metrics, Progress, Saver, Stop, Stopper
 from danastar.train.plan import decay_warning
 from danastar.train.signals import PreemptionFlag
@@ -136,12 +136,14 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     for note in [*notes, *start.notes, *config_notes(config)]:
         log.info(note)
     resumed = resume(start.found, env, checkpointer, core, optimizer, data)
+    if start.extension is not None:  # past the planned total: the decay and the schedule
+        schedule = extend_run(optimizer, config, start.extension)
     step = resumed.step if resumed else 0
     log.start(step, resumed=resumed is not None)
     if env.is_main:
         write_run_files(run_dir, config, plan, layout, shape, env.world_size)
         run_identity.record_start(run_dir, identity, config, layout, step, env.world_size,
-                                  start.accepted)
+                                  start.accepted, start.extension)
     describe_start(log, run_dir, plan, layout, data, config, env, resumed)
     if step >= plan.iterations:
         return already_finished(log, run_dir, data, config, env, step, plan.iterations)

@@ -7,7 +7,7 @@ import warnings
 from danastar.config import TrainConfig, schedule_options
 from danastar.errors import UserError
 from danastar.hparams import ShortRunWeightDecayWarning
-from danastar.optim import build_optimizer, get_schedule
+from danastar.optim import build_optimizer, extend_optimizer, extended_schedule, get_schedule
 
 
 def make_optimizer(plan, config: TrainConfig, param_groups: list[dict]):
@@ -32,3 +32,28 @@ def make_optimizer(plan, config: TrainConfig, param_groups: list[dict]):
                         f"plan ({str(error).rstrip('.')}); change the optimizer settings or "
                         f"--iterations.") from None
     return optimizer, schedule
+
+
+def extended_run_schedule(config: TrainConfig, extension: dict):
+    """The LR schedule of a run continued past its planned total by `extension` (as run.json
+    records it): the schedule planned for its first total and warm-up, extended by its rule from
+    the step it began (ValueError where the rule cannot)."""
+    return extended_schedule(config.optim.scheduler, extension["warmup_steps"],
+                             extension["from_iterations"], extension["iterations"],
+                             from_step=extension["from_step"], rule=extension["schedule_rule"],
+                             rewarm_steps=extension.get("rewarm_steps"),
+                             **schedule_options(config))
+
+
+def extend_run(optimizer, config: TrainConfig, extension: dict):
+    """Continue the optimizer (its checkpoint loaded) and the LR schedule under `extension`;
+    returns the schedule. The optimizer's side changes nothing when its checkpoint was saved
+    after the extension began (it holds the extended decay already)."""
+    try:
+        extend_optimizer(optimizer, extension["iterations"], from_step=extension["from_step"],
+                         decay_rule=extension["decay_rule"])
+        return extended_run_schedule(config, extension)
+    except ValueError as error:
+        raise UserError(f"--extend {extension['schedule_rule']} --extend_decay "
+                        f"{extension['decay_rule']} cannot continue this run "
+                        f"({str(error).rstrip('.')}); choose other rules.") from None

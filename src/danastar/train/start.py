@@ -40,11 +40,13 @@ from danastar.train.logging import environment
 @dataclass(frozen=True)
 class RunStart:
     """What `open_run_dir` decided: the checkpoint to resume from (None: start afresh), what to
-    tell the user, and the accepted changes of a resume."""
+    tell the user, the accepted changes of a resume, and the extension past the run's planned
+    total it continues under (`identity.run_extension`; None: none)."""
 
     found: Found | None
     notes: list[str]
     accepted: list[str]
+    extension: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ def where_to_run(config: TrainConfig, identity: dict, layout, data: TrainingData
         default_run_dir(config), identity,
         lambda iterations: run_identity.planned_identity(
             run_identity.config_with_iterations(config, iterations), layout.world_size,
-            data.tokens)), env)
+            data.tokens), run_identity.extension_keys(config)), env)
     if note:
         notes.append(note)
     return run_dir
@@ -149,14 +151,31 @@ def decide_start(run_dir: Path, identity: dict, config: TrainConfig,
         notes.append(f"{run_dir} has no {RUN_FILE} (an older run directory): compared the "
                      f"settings its checkpoint's plan holds (model, optimizer, LR, batch, "
                      f"iterations), not its seed, schedule or dataset.")
-    refused, accepted = run_identity.changed_settings(recorded, identity, step=found.step,
-                                                      complete=record is not None)
+    refused, accepted = run_identity.changed_settings(
+        recorded, identity, step=found.step, complete=record is not None,
+        extending=run_identity.extension_keys(config))
     if refused:
         raise run_identity.refusal(run_dir, found.step, refused, older)
-    if accepted:
+    extension = run_identity.run_extension(record, identity, found.step, config)
+    kept = [change for change in accepted if not change.endswith("(--extend)")]
+    if kept:
         notes.append(f"resuming with changed settings that keep the trajectory: "
-                     f"{'; '.join(accepted)}.")
-    return RunStart(found, notes, accepted)
+                     f"{'; '.join(kept)}.")
+    if extension is not None:
+        notes.append(extension_line(extension))
+    return RunStart(found, notes, accepted, extension)
+
+
+def extension_line(extension: dict) -> str:
+    """The extension a run continues under, in a line (the log, the dry run)."""
+    rewarm = (f", back up to the peak over {extension['rewarm_steps']:,} step"
+              f"{'s' if extension['rewarm_steps'] != 1 else ''}"
+              if "rewarm_steps" in extension else "")
+    return (f"extended past its planned total: from step {extension['from_step']:,}, "
+            f"{extension['from_iterations']:,} → {extension['iterations']:,} steps, the LR "
+            f"schedule by --extend {extension['schedule_rule']} (planned with its warm-up of "
+            f"{extension['warmup_steps']:,} steps{rewarm}), the weight decay by --extend_decay "
+            f"{extension['decay_rule']}")
 
 
 def resume(found: Found | None, env: parallel.Distributed, checkpointer: Checkpointer,

@@ -175,7 +175,7 @@ def curves(runs: Sequence[Run], x: str = "compute", best: bool = False):
     sizes = sorted({r.lr_law_params for r in runs})
     datasets = dataset_labels(runs)
     seen = set()
-    drawn = 0
+    drawn, extended = 0, False
     first_seed = {}
     for run in sorted(runs, key=lambda r: (r.group, r.lr_law_params, r.lr, r.seed)):
         xs, ys = run.curve(x)
@@ -196,6 +196,10 @@ def curves(runs: Sequence[Run], x: str = "compute", best: bool = False):
                 label=None if label in seen else label)
         seen.add(label)
         drawn += 1
+        for join in run.joins(x):  # where it was continued past its planned steps
+            ax.axvline(join, linestyle=":", linewidth=1.0, alpha=0.8,
+                       color=shade(colour(base), sizes.index(run.lr_law_params), len(sizes)))
+            extended = True
     if not drawn:
         raise UserError("no run has a validation loss after step 0 yet; wait for the first "
                         "evaluation.")
@@ -212,7 +216,9 @@ def curves(runs: Sequence[Run], x: str = "compute", best: bool = False):
         ax.legend(fontsize=7, ncols=2)
     shades = "one colour per optimizer, darker = larger"
     ax.set_title(f"Validation loss at each optimizer's best LR per size\n(thin: other seeds; "
-                 f"{shades})" if best else f"Validation loss ({shades})", fontsize=9)
+                 f"{shades})" if best else f"Validation loss ({shades})"
+                 + ("\ndotted: where a run was extended past its planned steps" if extended
+                    else ""), fontsize=9)
     return figure
 
 

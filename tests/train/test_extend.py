@@ -1,0 +1,148 @@
+"""`--iterations T2 --extend RULE` continues a stopped or finished run past its planned total:
+the LR schedule by `extended_schedule` (with the run's own warm-up), the weight decay by
+`extend_optimizer`, the extension recorded in run.json so that a later resume continues it
+bitwise; without --extend a longer run whose past depends on the total is refused, naming it."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from danastar.cli import main as danastar_main
+from danastar.config import default_run_dir, load_config
+from danastar.optim import extended_schedule, get_schedule
+from danastar.rundir.status import read_status
+
+from train_helpers import (
+    TINY,
+    assert_ok,
+    assert_stopped_with_work_left,
+    compared,
+    metrics,
+    run_train,
+)
+
+PEAK = 3e-3  # TINY's --lr
+
+
+def logged_lr(run_dir) -> dict[int, float]:
+    return {m["step"]: m["lr"] for m in metrics(run_dir) if "lr" in m}
+
+
+def extensions(run_dir) -> list[dict]:
+    return json.loads((run_dir / "run.json").read_text()).get("extensions", [])
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """An ADana cos_inf run finished at its planned 10 steps."""
+    run_dir = tmp_path_factory.mktemp("extend") / "finished"
+    assert_ok(run_train(["--iterations", "10"], run_dir))
+    return run_dir
+
+
+@pytest.mark.slow
+def test_a_finished_run_extended_to_twice_its_steps_completes_and_resumes_bitwise(
+        finished, tmp_path):
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    for copy in (whole, stopped):
+        shutil.copytree(finished, copy)
+    args = ["--iterations", "20", "--extend", "stretch"]
+    assert_ok(run_train(args, whole))
+    assert read_status(whole)["state"] == "complete"
+    assert extensions(whole) == [{"from_step": 10, "from_iterations": 10, "iterations": 20,
+                                  "schedule_rule": "stretch", "decay_rule": "keep",
+                                  "warmup_steps": 0}]
+    # stopped mid-way, then the same command again: bitwise the uninterrupted extension
+    assert_stopped_with_work_left(run_train([*args, "--iterations_to_run", "4"], stopped))
+    resumed = run_train(args, stopped)
+    assert_ok(resumed)
+    assert compared(stopped) == compared(whole)
+    assert extensions(stopped) == extensions(whole)  # recorded once
+    # the LR is the library's extension of the planned schedule (a finished cos_inf run stays
+    # at its floor): no jump at the join
+    schedule = extended_schedule("cos_inf", 0, 10, 20, from_step=10, rule="stretch")
+    lr = logged_lr(whole)
+    assert sorted(lr) == list(range(1, 21))
+    assert all(lr[step] == pytest.approx(PEAK * schedule(step - 1), rel=1e-12) for step in lr)
+    assert lr[11] == pytest.approx(lr[12]) and lr[11] == pytest.approx(
+        PEAK * get_schedule("cos_inf", 0, 10)(10))
+
+
+@pytest.mark.slow
+def test_without_extend_a_longer_run_is_refused_naming_the_flag(finished):
+    before = (finished / "metrics.jsonl").read_text()
+    result = run_train(["--iterations", "20"], finished)
+    assert result.returncode == 2, result.stdout + result.stderr
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1 and "Traceback" not in message, message
+    assert "iterations: 10 → 20 (the cos_inf schedule" in message, message
+    assert "pass --extend stretch" in message, message
+    assert (finished / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.slow
+def test_stretching_a_finished_cos_run_is_refused_naming_rewarm(tmp_path):
+    run_dir = tmp_path / "cos"
+    assert_ok(run_train(["--iterations", "6", "--scheduler", "cos"], run_dir))
+    before = (run_dir / "metrics.jsonl").read_text()
+    result = run_train(["--iterations", "12", "--scheduler", "cos", "--extend", "stretch"],
+                       run_dir)
+    assert result.returncode == 2, result.stdout + result.stderr
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1 and "Traceback" not in message, message
+    assert "--extend stretch cannot continue this run from step 6 to 12 steps" in message
+    assert "use --extend rewarm" in message, message
+    assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.slow
+def test_a_stopped_run_reanchored_keeps_its_warm_up_and_reanchors_its_decay(tmp_path):
+    """Stopped at step 30 of 100 (warm-up 2 = 100 // 50), continued to 200 by reanchor: the
+    warm-up stays 2 (not 200 // 50), the LR goes on without a jump, and the log-time decay
+    takes the new time scale wd_ts = 20 at the same strength at the join."""
+    run_dir = tmp_path / "run"
+    quiet = ["--eval_interval", "100", "--log_interval", "1"]
+    assert_stopped_with_work_left(run_train(
+        [*quiet, "--iterations", "100", "--iterations_to_run", "30"], run_dir))
+    assert_stopped_with_work_left(run_train(
+        [*quiet, "--iterations", "200", "--extend", "reanchor", "--extend_decay", "reanchor",
+         "--iterations_to_run", "6"], run_dir))
+    schedule = extended_schedule("cos_inf", 2, 100, 200, from_step=30, rule="reanchor")
+    lr = logged_lr(run_dir)
+    assert sorted(lr) == list(range(1, 37))
+    assert all(lr[step] == pytest.approx(PEAK * schedule(step - 1), rel=1e-12) for step in lr)
+    assert lr[31] == pytest.approx(PEAK * get_schedule("cos_inf", 2, 100)(30), rel=1e-12)
+    state = torch.load(next((run_dir / "checkpoints").glob("latest-00000036")) / "state.pt",
+                       map_location="cpu", weights_only=False)
+    group = next(g for g in state["optimizer"]["param_groups"] if g["weight_decay"])
+    planned = json.loads((run_dir / "run.json").read_text())
+    assert group["wd_ts"] == 20 and planned["identity"]["wd_ts"] == 20
+    omega = planned["identity"]["omega"]
+    before = omega / 10 / (1 + 31 / 10)  # ω/wd_ts over (1 + k/wd_ts) at the join's k = 31
+    assert group["weight_decay"] / (1 + 31 / 20) == pytest.approx(before, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_an_automatic_run_directory_finds_the_run_it_extends(tmp_path, monkeypatch, capsys):
+    """Without --run_dir: the extended run continues in its own `-it<T>` directory, and the
+    same command (or --iterations without --extend) finds it again."""
+    monkeypatch.chdir(tmp_path)
+
+    def train(*argv):
+        code = danastar_main(["train", *TINY, *argv])
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    base = default_run_dir(load_config([*TINY, "--iterations", "6"])[0])
+    assert train("--iterations", "6")[0] == 0
+    first = base.with_name(f"{base.name}-it3")
+    code, said = train("--iterations", "3")
+    assert code == 0 and f"its own directory, {first}" in said, said
+    for argv in (["--extend", "stretch"], ["--extend", "stretch"], []):
+        code, said = train("--iterations", "5", *argv)
+        assert code == 0 and f"run directory {first};" in said, said
+    assert [e["iterations"] for e in extensions(first)] == [5]
+    assert max(m["step"] for m in metrics(first)) == 5
+    assert sorted(path.name for path in base.parent.iterdir()) == [base.name, first.name]
