@@ -21,12 +21,16 @@ from fake_runs import write_run  # noqa: E402
 
 def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/synthetic")
+    written = 0
     for opt in ("adamw", "dana-star-mk4"):
         for heads in (4, 6, 8, 10, 12, 14):
             for ratio in (0.25, 0.5, 0.7, 1.0, 1.4, 2.0, 4.0):
                 for seed in (0, 1) if ratio == 1.0 else (0,):
                     write_run(root, opt, heads, lr_ratio=ratio, seed=seed, noise=0.002,
                               optimum_spread=0.1)
+                    written += 1
+    print(f"wrote {written} synthetic runs (AdamW and Dana-Star-MK4, 4 to 14 heads) to {root}")
+    print(f"next: danastar results {root} --vs adamw | danastar plot scaling {root} --fit single")
 
 
 if __name__ == "__main__":

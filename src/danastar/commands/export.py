@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from danastar.errors import UserError
+from danastar.progress import Stages
 
 
 def main(argv: list[str]) -> int:
@@ -36,6 +37,9 @@ def main(argv: list[str]) -> int:
     check_out(args.out)  # before the export's work, which the last step would otherwise lose
     from danastar.export import export
 
+    Stages("danastar export").start(  # tens of seconds on a CPU for a small model
+        f"reading {args.path}, checking that the export's logits equal danastar's, and writing "
+        f"{args.out}", only_on_terminal=True)  # may end in a refusal: then one sentence
     result = export(Path(args.path), args.out, custom=args.custom)
     kind = "transformers' own class" if result.native else "trust_remote_code=True"
     print(f"exported step {result.step} to {result.out} as {result.architecture} ({kind}); "

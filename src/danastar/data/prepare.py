@@ -26,6 +26,7 @@ import numpy as np
 
 from danastar.data.prepare_records import (
     STATE_FILE,
+    TOKENIZER_FILE,
     add_checksums,
     build_meta,
     command_text,
@@ -59,6 +60,7 @@ from danastar.data.tokenise import Tokenise, progress_bar, text_batches, worker_
 from danastar.data.tokenizers import token_dtype
 from danastar.durable import atomic_path, out_of_space, sha256
 from danastar.errors import UserError
+from danastar.progress import Stages
 
 # Sources prepared automatically on first use by name (small, and downloadable without an account).
 AUTO_PREPARED = ("shakespeare", "prose")
@@ -221,11 +223,17 @@ def _prepare_source(
             f"{out} holds an unfinished preparation with other options; choose another --out or "
             "delete it."
         )
+    # the two long stages, said as they start (a bar counts the second on a terminal)
+    stages = Stages("danastar prepare" if progress else None)
+    if spec == "bpe" and not (state is not None and (out / TOKENIZER_FILE).is_file()):
+        stages.start(f"training a BPE vocabulary of {vocab_size or corpus.default_vocab_size:,} "
+                     f"tokens on {source}'s training text")
     tok, worker_spec, tokenizer_file = resolve_tokenizer(
         spec, vocab_size or corpus.default_vocab_size, corpus, out, resume=state is not None
     )
     state = state or {"request": request, "shards": {}}
     state["command"] = command  # named to whoever finds the preparation unfinished
+    stages.start(f"tokenising {source} into {out}")
     _write_shards(corpus, state, out, token_dtype(tok.vocab_size), worker_spec, workers, progress)
     meta = build_meta(request, tok, tokenizer_file, state["shards"], corpus.shards, out, command)
     for split in ("train", "val"):
