@@ -314,15 +314,16 @@ def multiplier_figure(rows: list[dict], corpus: str):
         ax.get_xaxis().set_major_formatter(_plain())
         ax.minorticks_off()
         ax.grid(True, which="both", alpha=0.2)
-        ax.set_xlabel("tokens per parameter (2 heads, 1.25M parameters)")
+        ax.set_xlabel("tokens per parameter")
         ax.set_title("within the horizon" if estimator == "within-horizon"
                      else "the paper's estimator (▲: extrapolated off AdamW's curve)",
                      fontsize=9)
     axes[0].set_ylabel(f"compute multiplier vs {plots.display_name(BASELINE)}, same recipe")
     handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, fontsize=7, loc="outside right upper")
-    figure.suptitle(f"Compute multiplier on {corpus}, mean ± s.e. over 3 seeds: the paper's "
-                    "recipe (open, dotted) and each tuned (filled, solid)", fontsize=10)
+    figure.legend(handles, labels, fontsize=8, loc="outside lower center", ncols=2)
+    figure.suptitle(f"Compute multiplier on {corpus} at 2 heads (1.25M parameters), mean ± s.e. "
+                    "over 3 seeds:\nthe paper's recipe (open, dotted) and each tuned (filled, "
+                    "solid)", fontsize=10)
     return figure
 
 
