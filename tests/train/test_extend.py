@@ -11,6 +11,7 @@ import torch
 
 from danastar.cli import main as danastar_main
 from danastar.config import default_run_dir, load_config
+from danastar.hparams import stretched_schedule
 from danastar.optim import extended_schedule, get_schedule
 from danastar.rundir.status import read_status
 
@@ -101,7 +102,8 @@ def test_stretching_a_finished_cos_run_is_refused_naming_rewarm(tmp_path):
 def test_a_stopped_run_reanchored_keeps_its_warm_up_and_reanchors_its_decay(tmp_path):
     """Stopped at step 30 of 100 (warm-up 2 = 100 // 50), continued to 200 by reanchor: the
     warm-up stays 2 (not 200 // 50), the LR goes on without a jump, and the log-time decay
-    takes the new time scale wd_ts = 20 at the same strength at the join."""
+    takes the new time scale wd_ts = 20 at the same strength at the join; then extended again,
+    to 300."""
     run_dir = tmp_path / "run"
     quiet = ["--eval_interval", "100", "--log_interval", "1"]
     assert_stopped_with_work_left(run_train(
@@ -123,11 +125,25 @@ def test_a_stopped_run_reanchored_keeps_its_warm_up_and_reanchors_its_decay(tmp_
     before = omega / 10 / (1 + 31 / 10)  # ω/wd_ts over (1 + k/wd_ts) at the join's k = 31
     assert group["weight_decay"] / (1 + 31 / 20) == pytest.approx(before, rel=1e-12)
 
+    # a second extension stacks on the first: 200 → 300 from step 36 by stretch, with the
+    # warm-up still the first plan's (2, not 200 // 50 = 4 of the record's identity)
+    assert_stopped_with_work_left(run_train(
+        [*quiet, "--iterations", "300", "--extend", "stretch", "--iterations_to_run", "4"],
+        run_dir))
+    assert [(e["from_step"], e["iterations"], e["warmup_steps"])
+            for e in extensions(run_dir)] == [(30, 200, 2), (36, 300, 2)]
+    stacked = stretched_schedule(schedule, 36, 200, 300)
+    lr = logged_lr(run_dir)
+    assert sorted(lr) == list(range(1, 41))
+    assert all(lr[step] == pytest.approx(PEAK * stacked(step - 1), rel=1e-12) for step in lr)
+    assert lr[37] == pytest.approx(PEAK * schedule(36), rel=1e-12)
+
 
 @pytest.mark.slow
 def test_an_automatic_run_directory_finds_the_run_it_extends(tmp_path, monkeypatch, capsys):
-    """Without --run_dir: the extended run continues in its own `-it<T>` directory, and the
-    same command (or --iterations without --extend) finds it again."""
+    """Without --run_dir: the dry run plans the extension there, the extended run continues in
+    its own `-it<T>` directory, and the same command (or --iterations without --extend) finds
+    it again."""
     monkeypatch.chdir(tmp_path)
 
     def train(*argv):
@@ -140,6 +156,10 @@ def test_an_automatic_run_directory_finds_the_run_it_extends(tmp_path, monkeypat
     first = base.with_name(f"{base.name}-it3")
     code, said = train("--iterations", "3")
     assert code == 0 and f"its own directory, {first}" in said, said
+    code, said = train("--iterations", "5", "--extend", "stretch", "--dry_run")
+    assert code == 0 and "5 steps × 256 tokens" in said, said
+    assert ("extension    extended past its planned total: from step 3, 3 → 5 steps, the LR "
+            "schedule by --extend stretch" in said and f"run dir      {first} " in said), said
     for argv in (["--extend", "stretch"], ["--extend", "stretch"], []):
         code, said = train("--iterations", "5", *argv)
         assert code == 0 and f"run directory {first};" in said, said

@@ -351,8 +351,8 @@ def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None,
     elif config.train.init_from:
         rows.append(("init from", f"{config.train.init_from} is not there now; the run resumes "
                                   "from its checkpoint, whose weights need no export"))
-    if planned.get("extension"):
-        rows.append(("extension", extension_line(planned["extension"])))
+    if planned.get("extensions"):
+        rows.append(("extension", extension_line(planned["extensions"])))
     run_dir = Path(planned["run_dir"])
     rows.append(("run dir", f"{run_dir} ({run_dir_state(run_dir, config, plan['iterations'])})"))
     lines = ["plan (--dry_run --json prints all of it as JSON):"]

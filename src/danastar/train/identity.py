@@ -18,7 +18,7 @@ stays the same: `none` and `powerlaw` do not depend on the total, the cosine and
 (`cos_inf`, `cos`, `linear`) do once past the warm-up, `wsd` once its decay has begun. Settings
 that follow from the iterations (the warm-up when not given, the log-time weight decay's
 `wd_ts`, a coupled weight decay) are compared like any other, unless `--extend` names the rule
-that continues the run past its planned total (`run_extension`): then they are the new total's,
+that continues the run past its planned total (`run_extensions`): then they are the new total's,
 and run.json records the extension (its steps, totals and rules) under `extensions`, which every
 later start continues under.
 """
@@ -270,18 +270,19 @@ def extension_problem(recorded: dict[str, Any], current: dict[str, Any], step: i
             f"total; none and powerlaw never do")
 
 
-def run_extension(record: Optional[dict[str, Any]], current: dict[str, Any], step: int,
-                  config) -> Optional[dict[str, Any]]:
-    """The extension a start at checkpoint `step` continues under (recorded in run.json's
-    `extensions`: from_step, from_iterations, iterations, schedule_rule, decay_rule and the
-    planned warm-up), or None: the newest recorded one where the iterations are the record's, a
-    new one where `--extend` asks for other iterations, refused (UserError) where the rules
-    cannot honour it, and where the run was extended already (one extension per run)."""
+def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], step: int,
+                   config) -> list[dict[str, Any]]:
+    """The extensions past the planned total that a start at checkpoint `step` continues under,
+    oldest first (recorded in run.json's `extensions`, each with from_step, from_iterations,
+    iterations, schedule_rule, decay_rule and the warm-up it was planned with), or none: the
+    recorded ones, and a new one after them where `--extend` asks for other iterations than the
+    record's (its rules refused, UserError, where they cannot honour it)."""
     if record is None or "iterations" not in record["identity"]:
-        return None
-    recorded, extensions = record["identity"], record.get("extensions", [])
+        return []
+    recorded, extensions = record["identity"], list(record.get("extensions", []))
     rules = (config.optim.extend, config.optim.extend_decay)
-    if current["iterations"] == recorded["iterations"]:
+    if current["iterations"] == recorded["iterations"] or rules[0] is None:
+        # the same total (or `changed_settings` said why the iterations cannot change)
         last = extensions[-1] if extensions else None
         if last and rules[0] is not None and rules != (last["schedule_rule"],
                                                        last["decay_rule"]):
@@ -289,31 +290,26 @@ def run_extension(record: Optional[dict[str, Any]], current: dict[str, Any], ste
                             f"{last['iterations']} steps by --extend {last['schedule_rule']} "
                             f"--extend_decay {last['decay_rule']}; resume it with those (or "
                             f"without --extend).")
-        return last
-    if rules[0] is None:
-        return None  # `changed_settings` says why the iterations cannot change
-    if extensions:
-        last = extensions[-1]
-        raise UserError(f"this run was extended already (at step {last['from_step']}, from "
-                        f"{last['from_iterations']} to {last['iterations']} steps), and a second "
-                        f"extension is not supported; resume it with --iterations "
-                        f"{last['iterations']}, or start a run planned for "
-                        f"{current['iterations']} steps.")
-    warmup = recorded.get("warmup_steps", 0)
+        return extensions
+    # the warm-up the schedule was first planned with (the record's is the last total's)
+    warmup = extensions[0]["warmup_steps"] if extensions else recorded.get("warmup_steps", 0)
     extension = {"from_step": step, "from_iterations": recorded["iterations"],
                  "iterations": current["iterations"], "schedule_rule": rules[0],
                  "decay_rule": rules[1], "warmup_steps": warmup}
     if rules[0] == "rewarm":  # back up over the run's warm-up, or where it had none a 50th
         extension["rewarm_steps"] = warmup or max(1, (current["iterations"] - step) // 50)
-    check_extension_rules(extension, recorded, config)
-    return extension
+    check_extension_rules([*extensions, extension], recorded, config)
+    return [*extensions, extension]
 
 
-def check_extension_rules(extension: dict[str, Any], recorded: dict[str, Any], config) -> None:
-    """Refuse an extension its rules cannot honour: the library's sentence (a decay that is over
-    cannot be stretched), and a decay rule for an optimizer without a log-time weight decay."""
+def check_extension_rules(extensions: list[dict[str, Any]], recorded: dict[str, Any],
+                          config) -> None:
+    """Refuse the newest of `extensions` where its rules cannot honour it: the library's
+    sentence (a decay that is over cannot be stretched), and a decay rule for an optimizer
+    without a log-time weight decay."""
+    extension = extensions[-1]
     try:
-        extended_run_schedule(config, extension)
+        extended_run_schedule(config, extensions)
     except ValueError as error:
         why = str(error).rstrip(".").replace("use rule 'rewarm'", "use --extend rewarm")
         raise UserError(f"--extend {extension['schedule_rule']} cannot continue this run from "
@@ -374,7 +370,8 @@ def record_start(run_dir: Path, identity: dict[str, Any], config, layout, step: 
                  world_size: int, accepted: list[str],
                  extension: Optional[dict[str, Any]] = None) -> None:
     """Write run.json: the identity, the latest settings, one entry per start, and the
-    extension past the planned total the run continues under (`run_extension`), if any."""
+    newest extension past the planned total the run continues under (`run_extensions`), if
+    any."""
     previous = read_run_file(run_dir) or {}
     if step > 0:
         identity = with_started_export(previous.get("identity", {}), identity)

@@ -136,14 +136,15 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
     for note in [*notes, *start.notes, *config_notes(config)]:
         log.info(note)
     resumed = resume(start.found, env, checkpointer, core, optimizer, data)
-    if start.extension is not None:  # past the planned total: the decay and the schedule
-        schedule = extend_run(optimizer, config, start.extension)
+    if start.extensions:  # past the planned total: the decay and the schedule
+        schedule = extend_run(optimizer, config, start.extensions)
     step = resumed.step if resumed else 0
     log.start(step, resumed=resumed is not None)
     if env.is_main:
         write_run_files(run_dir, config, plan, layout, shape, env.world_size)
         run_identity.record_start(run_dir, identity, config, layout, step, env.world_size,
-                                  start.accepted, start.extension)
+                                  start.accepted,
+                                  start.extensions[-1] if start.extensions else None)
     describe_start(log, run_dir, plan, layout, data, config, env, resumed)
     if step >= plan.iterations:
         return already_finished(log, run_dir, data, config, env, step, plan.iterations)

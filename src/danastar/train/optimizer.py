@@ -8,6 +8,14 @@ from danastar.config import TrainConfig, schedule_options
 from danastar.errors import UserError
 from danastar.hparams import ShortRunWeightDecayWarning
 from danastar.optim import build_optimizer, extend_optimizer, extended_schedule, get_schedule
+from danastar.optim.schedules import (
+    DECAY_END_BEFORE_TOTAL,
+    TOTAL_FREE,
+    check_extension,
+    reanchored_schedule,
+    rewarmed_schedule,
+    stretched_schedule,
+)
 
 
 def make_optimizer(plan, config: TrainConfig, param_groups: list[dict]):
@@ -34,25 +42,67 @@ def make_optimizer(plan, config: TrainConfig, param_groups: list[dict]):
     return optimizer, schedule
 
 
-def extended_run_schedule(config: TrainConfig, extension: dict):
-    """The LR schedule of a run continued past its planned total by `extension` (as run.json
-    records it): the schedule planned for its first total and warm-up, extended by its rule from
-    the step it began (ValueError where the rule cannot)."""
-    return extended_schedule(config.optim.scheduler, extension["warmup_steps"],
-                             extension["from_iterations"], extension["iterations"],
-                             from_step=extension["from_step"], rule=extension["schedule_rule"],
-                             rewarm_steps=extension.get("rewarm_steps"),
-                             **schedule_options(config))
+def extended_run_schedule(config: TrainConfig, extensions: list[dict]):
+    """The LR schedule of a run continued past its planned total by `extensions` (as run.json
+    records them, oldest first): the schedule planned for its first total and warm-up, extended
+    by the library's `extended_schedule` from the step the first began, then each later one
+    continued by the same rules (`continued_schedule`); ValueError where a rule cannot."""
+    first, options = extensions[0], schedule_options(config)
+    schedule = extended_schedule(config.optim.scheduler, first["warmup_steps"],
+                                 first["from_iterations"], first["iterations"],
+                                 from_step=first["from_step"], rule=first["schedule_rule"],
+                                 rewarm_steps=first.get("rewarm_steps"), **options)
+    for extension in extensions[1:]:
+        schedule = continued_schedule(schedule, config.optim.scheduler, extension, options)
+    return schedule
 
 
-def extend_run(optimizer, config: TrainConfig, extension: dict):
-    """Continue the optimizer (its checkpoint loaded) and the LR schedule under `extension`;
-    returns the schedule. The optimizer's side changes nothing when its checkpoint was saved
-    after the extension began (it holds the extended decay already)."""
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def continued_schedule(schedule, name: str, extension: dict, options: dict):
+    """`schedule` (already extended to `from_iterations`) continued to `iterations` from
+    `from_step` by the rule of `extension`, as `extended_schedule` continues a planned one: its
+    remaining decay stretched, the rest of the schedule planned for the new total re-anchored at
+    the current factor, or re-warmed; a `cos`, `linear` or `wsd` decay that is over is refused
+    for stretch and reanchor (use rewarm)."""
+    step, total, new_total = (extension[key] for key in ("from_step", "from_iterations",
+                                                         "iterations"))
+    check_extension(total, new_total, step)
+    rule, warmup = extension["schedule_rule"], extension["warmup_steps"]
+    if name in TOTAL_FREE:
+        require(rule != "rewarm", f"{name} does not depend on the total steps, so it goes on as it "
+              "is past them; there is no decay to restart (use rule 'stretch' or 'reanchor')")
+        return schedule
+    if rule == "rewarm":
+        rewarm = extension["rewarm_steps"]
+        require(1 <= rewarm <= new_total - step, f"rewarm_steps must be in 1 .. "
+              f"{new_total - step} (the steps left), got {rewarm}")
+        return rewarmed_schedule(schedule, get_schedule(name, rewarm, new_total - step,
+                                                        **options), step, rewarm)
+    anchor = max(step, warmup)
+    require(name not in DECAY_END_BEFORE_TOTAL or schedule(anchor) != schedule(total),
+          f"{name} has finished its decay by step {anchor} (factor {schedule(anchor):.3g}), so "
+          f"there is nothing left to {rule}; use rule 'rewarm' (back up to the peak over "
+          "rewarm_steps, then the schedule again up to the new total)")
+    if rule == "stretch":
+        return stretched_schedule(schedule, anchor, total, new_total)
+    return reanchored_schedule(schedule, get_schedule(name, warmup, new_total, **options),
+                               anchor, new_total)
+
+
+def extend_run(optimizer, config: TrainConfig, extensions: list[dict]):
+    """Continue the optimizer (its checkpoint loaded) by the newest of `extensions` and the LR
+    schedule by all of them; returns the schedule. The optimizer's side changes nothing when
+    its checkpoint was saved after that extension began (it holds the extended decay already;
+    the checkpoints of an earlier extension hold its decay)."""
+    extension = extensions[-1]
     try:
         extend_optimizer(optimizer, extension["iterations"], from_step=extension["from_step"],
                          decay_rule=extension["decay_rule"])
-        return extended_run_schedule(config, extension)
+        return extended_run_schedule(config, extensions)
     except ValueError as error:
         raise UserError(f"--extend {extension['schedule_rule']} --extend_decay "
                         f"{extension['decay_rule']} cannot continue this run "

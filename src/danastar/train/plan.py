@@ -103,7 +103,8 @@ def checked_start(config: TrainConfig, run_dir: Path, run_dir_note: str | None =
     takes it when it starts) and a resume training would refuse; writes nothing."""
     check_free(run_dir, "use another --run_dir")  # said first, before any planning
     plan, planned = planned_run(config, run_dir=run_dir, run_dir_note=run_dir_note)
-    planned["extension"] = check_resume(config, run_dir, planned["batch_layout"]["world_size"])
+    # the extensions past its planned total the run continues under (the dry run's line)
+    planned["extensions"] = check_resume(config, run_dir, planned["batch_layout"]["world_size"])
     return plan, planned
 
 
@@ -116,25 +117,25 @@ def check_dataset(dataset: str) -> None:
         prepare.ensure_prepared(dataset)  # a name that is no source: opened as it is, or refused
 
 
-def check_resume(config: TrainConfig, run_dir: Path, world_size: int) -> dict | None:
+def check_resume(config: TrainConfig, run_dir: Path, world_size: int) -> list[dict]:
     """Refuse, as training would when it resumes (the same sentence), to continue the run that
-    `run_dir` holds with settings that change its trajectory; returns the extension past its
-    planned total that the run would continue under (`identity.run_extension`; None: none).
+    `run_dir` holds with settings that change its trajectory; returns the extensions past its
+    planned total that the run would continue under (`identity.run_extensions`).
     Reads the directory, writes nothing; data not prepared yet is compared by training once it
     is."""
     if not config.checkpoint.auto_resume or not identity.has_earlier_run(run_dir):
-        return None  # training starts afresh there, moving an earlier run aside
+        return []  # training starts afresh there, moving an earlier run aside
     tokens = open_tokens(config, prepare=False)
     if tokens is None:
-        return None
+        return []
     current = identity.planned_identity(config, world_size, tokens)
     changes = identity.recorded_changes(run_dir, current, identity.extension_keys(config))
     if changes is None:
-        return None
+        return []
     step, refused, _accepted = changes
     if refused:
         raise identity.refusal(run_dir, step, refused)
-    return identity.run_extension(identity.read_run_file(run_dir), current, step, config)
+    return identity.run_extensions(identity.read_run_file(run_dir), current, step, config)
 
 
 def check_optimizer_settings(plan, config: TrainConfig):

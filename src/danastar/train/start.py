@@ -11,6 +11,7 @@ its refusal (which rank 0 alone prints): `decided_on_rank_0`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,13 +41,13 @@ from danastar.train.logging import environment
 @dataclass(frozen=True)
 class RunStart:
     """What `open_run_dir` decided: the checkpoint to resume from (None: start afresh), what to
-    tell the user, the accepted changes of a resume, and the extension past the run's planned
-    total it continues under (`identity.run_extension`; None: none)."""
+    tell the user, the accepted changes of a resume, and the extensions past the run's planned
+    total it continues under, oldest first (`identity.run_extensions`)."""
 
     found: Found | None
     notes: list[str]
     accepted: list[str]
-    extension: dict | None = None
+    extensions: list[dict] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -156,18 +157,21 @@ def decide_start(run_dir: Path, identity: dict, config: TrainConfig,
         extending=run_identity.extension_keys(config))
     if refused:
         raise run_identity.refusal(run_dir, found.step, refused, older)
-    extension = run_identity.run_extension(record, identity, found.step, config)
+    extensions = run_identity.run_extensions(record, identity, found.step, config)
     kept = [change for change in accepted if not change.endswith("(--extend)")]
     if kept:
         notes.append(f"resuming with changed settings that keep the trajectory: "
                      f"{'; '.join(kept)}.")
-    if extension is not None:
-        notes.append(extension_line(extension))
-    return RunStart(found, notes, accepted, extension)
+    if extensions:
+        notes.append(extension_line(extensions))
+    return RunStart(found, notes, accepted, extensions)
 
 
-def extension_line(extension: dict) -> str:
-    """The extension a run continues under, in a line (the log, the dry run)."""
+def extension_line(extensions: list[dict]) -> str:
+    """The newest extension a run continues under, in a line (the log, the dry run)."""
+    extension = extensions[-1]
+    earlier = len(extensions) - 1
+    before = f" (after {earlier} earlier extension{'s' * (earlier > 1)})" if earlier else ""
     rewarm = (f", back up to the peak over {extension['rewarm_steps']:,} step"
               f"{'s' if extension['rewarm_steps'] != 1 else ''}"
               if "rewarm_steps" in extension else "")
@@ -175,7 +179,7 @@ def extension_line(extension: dict) -> str:
             f"{extension['from_iterations']:,} → {extension['iterations']:,} steps, the LR "
             f"schedule by --extend {extension['schedule_rule']} (planned with its warm-up of "
             f"{extension['warmup_steps']:,} steps{rewarm}), the weight decay by --extend_decay "
-            f"{extension['decay_rule']}")
+            f"{extension['decay_rule']}{before}")
 
 
 def resume(found: Found | None, env: parallel.Distributed, checkpointer: Checkpointer,
