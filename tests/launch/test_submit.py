@@ -270,3 +270,17 @@ def test_a_queued_job_is_not_listed_as_a_run_named_slurm(tmp_path, capsys, monke
     capsys.readouterr()
     assert cli.main(["results", str(tmp_path / "runs")]) == 2
     assert "no run directories (with a plan.json) under" in capsys.readouterr().err
+
+
+def test_a_job_may_extend_a_finished_run_past_its_planned_steps(tmp_path, capsys):
+    """`--extend` passes the check a job gets before it is submitted (the same as `train`'s)
+    and goes into the job's arguments; without it the longer run is refused, naming it."""
+    run_dir = str(tmp_path / "r")
+    assert cli.main(["train", *TINY, "--iterations", "4", "--run_dir", run_dir]) == 0
+    capsys.readouterr()
+    longer = ["submit", *TINY, "--iterations", "8", "--run_dir", run_dir, "--dry_run"]
+    assert cli.main(longer) == 2
+    assert "pass --extend stretch" in capsys.readouterr().err
+    assert cli.main([*longer, "--extend", "stretch"]) == 0
+    script = capsys.readouterr().out
+    assert "--iterations 8 --extend stretch)" in script, script

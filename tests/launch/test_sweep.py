@@ -315,6 +315,16 @@ def test_an_edited_sweep_trains_on_where_the_schedule_allows_and_else_is_refused
     assert "resumed from" in (root / "logs" / "schedulernone.log").read_text()
     assert json.loads((root / "schedulernone" / "plan.json").read_text())["plan"]["seed"] == 7
 
+    # With --extend, the cos_inf point is continued past its planned 6 steps too.
+    spec.write_text(json.dumps({"name": "tiny", "base": {**base, "train.iterations": 12},
+                                "grid": {"optim.scheduler": ["none", "cos_inf"]}}))
+    extended = sweep(spec, "--seed", "7", "--no_wandb", "--extend", "stretch")
+    assert extended.returncode == 0, extended.stderr
+    cos_inf = root / "schedulercos_inf"
+    assert run_state(cos_inf) == {"state": "complete", "step": 12, "iterations": 12}
+    assert [(e["from_step"], e["iterations"]) for e in json.loads(
+        (cos_inf / "run.json").read_text())["extensions"]] == [(6, 12)]
+
 
 def test_a_sweep_file_that_is_not_utf8_is_one_sentence(tmp_path, capsys):
     from danastar import cli

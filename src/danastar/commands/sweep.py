@@ -223,8 +223,8 @@ def plan_run(sweep_name: str, point: SweepPoint, root: Path, train_argv: list[st
             if tokens is not None:
                 current = identity.planned_identity(config, config.parallel.nproc, tokens)
                 iterations = current["iterations"]
-                refused = refused_changes(identity.recorded_changes(run_dir, current),
-                                          iterations)
+                refused = refused_changes(identity.recorded_changes(
+                    run_dir, current, identity.extension_keys(config)), iterations)
     except UserError as error:
         raise UserError(f"sweep {sweep_name}, run {point.name}: {error}") from None
     state = run_state(run_dir, iterations)
