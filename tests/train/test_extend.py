@@ -166,3 +166,27 @@ def test_an_automatic_run_directory_finds_the_run_it_extends(tmp_path, monkeypat
     assert [e["iterations"] for e in extensions(first)] == [5]
     assert max(m["step"] for m in metrics(first)) == 5
     assert sorted(path.name for path in base.parent.iterdir()) == [base.name, first.name]
+
+
+@pytest.mark.slow
+def test_log_time_ademamix_keeps_its_planned_hyperparameters_when_extended(tmp_path, capsys):
+    """β3 = 1 − δ/T, α = T^(1−κ) and their warm-ups follow from T: an extension keeps them as
+    the checkpoint holds them (the library's rule); another --kappa is refused, naming it."""
+    run_dir = str(tmp_path / "run")
+
+    def train(*argv):
+        code = danastar_main(["train", *TINY, "--opt", "ademamix", "--run_dir", run_dir, *argv])
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    assert train("--iterations", "10")[0] == 0
+    code, said = train("--iterations", "20", "--extend", "stretch", "--kappa", "0.9")
+    assert code == 2 and "alpha: " in said and "more than --iterations changed" in said, said
+    code, said = train("--iterations", "20", "--extend", "stretch")
+    assert code == 0, said
+    state = torch.load(tmp_path / "run" / "checkpoints" / "latest-00000020" / "state.pt",
+                       map_location="cpu", weights_only=False)
+    group = state["optimizer"]["param_groups"][0]
+    assert group["betas"][2] == pytest.approx(1 - 8 / 10, rel=1e-12)  # δ = 8 over T1 = 10
+    assert (group["alpha_warmup"], group["beta3_warmup"]) == (10, 10)
+    assert group["alpha"] == pytest.approx(10 ** (1 - 0.85), rel=1e-12)

@@ -68,6 +68,10 @@ EXPORT_KEYS = ("init_from", "init_from_fingerprint")
 RECORDED_WHEN_SET = {"state_dtype": "float32"}
 # What follows from the iterations (where derived), and how a longer total continues a run.
 EXTENSION_FOLLOWERS = ("iterations", "wd_ts", "weight_decay", "warmup_steps")
+# The optimizer hyperparameters planned from the iterations (log-time AdEMAMix: β3 = 1 − δ/T,
+# α = T^(1−κ) and their warm-ups of T steps), which an extension keeps as its checkpoint holds
+# them (`extension_hparams_problem` checks that only the iterations changed them).
+TOTAL_HPARAMS = ("betas", "alpha", "alpha_warmup", "beta3_warmup")
 EXTEND_FIX = ("to continue the run to the new total, pass --extend stretch (or reanchor, "
               "rewarm; docs/training.md, extending a run)")
 # Settings derived from the plan that the checkpoints of runs older than run.json hold.
@@ -184,7 +188,8 @@ def extension_keys(config) -> tuple[str, ...]:
         return ()
     derived = {"weight_decay": config.optim.weight_decay, "warmup_steps":
                config.optim.warmup_steps}
-    return ("iterations", "wd_ts", *(key for key, given in derived.items() if given is None))
+    return ("iterations", "wd_ts", *(key for key, given in derived.items() if given is None),
+            *TOTAL_HPARAMS)
 
 
 def changed_settings(recorded: dict[str, Any], current: dict[str, Any], *, step: int,
@@ -299,7 +304,26 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
     if rules[0] == "rewarm":  # back up over the run's warm-up, or where it had none a 50th
         extension["rewarm_steps"] = warmup or max(1, (current["iterations"] - step) // 50)
     check_extension_rules([*extensions, extension], recorded, config)
+    check_total_hparams(recorded, current, config)
     return [*extensions, extension]
+
+
+def check_total_hparams(recorded: dict[str, Any], current: dict[str, Any], config) -> None:
+    """Refuse an extension where a hyperparameter planned from the iterations (TOTAL_HPARAMS)
+    differs from what these settings plan for the recorded total: another setting changed it."""
+    keys = [key for key in TOTAL_HPARAMS if key in recorded or key in current]
+    if not keys:
+        return
+    at_total = make_run_plan(config_with_iterations(config, recorded["iterations"]),
+                             current["vocab_size"], 1).optimizer_hparams
+    planned = json.loads(json.dumps({key: at_total.get(key) for key in keys}))
+    changed = [f"{key}: {show(recorded.get(key))} → {show(planned[key])}" for key in keys
+               if planned[key] != recorded.get(key)]
+    if changed:
+        raise UserError(f"these settings plan other optimizer hyperparameters than the run's "
+                        f"for its {recorded['iterations']} steps ({'; '.join(changed)}), so "
+                        f"more than --iterations changed; extend it with the settings it was "
+                        f"trained with.")
 
 
 def check_extension_rules(extensions: list[dict[str, Any]], recorded: dict[str, Any],
