@@ -258,11 +258,25 @@ def refuse_changed_runs(sweep_name: str, runs: list[PlannedRun]) -> None:
     (first, refused), others = problems[0], len(problems) - 1
     more = (f", and {others} more of its runs {'was' if others == 1 else 'were'} too"
             if others else "")
+    longer = any(longer_total(change) for _, changes in problems for change in changes)
+    extend = (", or pass --extend stretch (or reanchor, rewarm) to continue them to the longer "
+              "train.iterations" if longer else "")
     raise UserError(f"sweep {sweep_name}: {first.run_dir} was trained with other settings than "
                     f"the sweep now gives it ({'; '.join(refused)}){more}; to keep those runs, "
                     f"give the changed sweep file another name (its name: key) or another "
                     f"--runs_root, or undo the change to go on with them (--no_auto_resume moves "
-                    f"them aside and trains them afresh).")
+                    f"them aside and trains them afresh){extend}.")
+
+
+def longer_total(change: str) -> bool:
+    """Whether a refused change (`iterations: 6 → 12 (...)`) is a longer total."""
+    if not change.startswith("iterations:"):
+        return False
+    try:
+        old, new = change.split(":", 1)[1].split("→")
+        return int(old) < int(new.split()[0])
+    except ValueError:  # not two totals (an older run's record)
+        return False
 
 
 def write_expanded(root: Path, sweep, runs: list[PlannedRun], train_argv: list[str]) -> None:
