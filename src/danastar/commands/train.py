@@ -327,9 +327,12 @@ def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None,
     name = schedule.pop("name")
     options = ", ".join(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
                         for key, value in schedule.items())
+    extensions = planned.get("extensions")
+    warmup = extensions[0]["warmup_steps"] if extensions else plan["warmup_steps"]  # W1 kept
     rows.append(("LR", f"peak {plan['lr']:.3g} ({source}); schedule {name}"
                        + (f" ({options})" if options else "")
-                       + f", {plan['warmup_steps']:,} warm-up steps"))
+                       + f", {warmup:,} warm-up steps"
+                       + (" (the run's, extended below)" if extensions else "")))
     if config.optim.weight_decay is not None:
         decay = f"{plan['weight_decay']:.3g} (given)"
     elif plan["wd_ts"]:
@@ -339,6 +342,9 @@ def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None,
         decay = f"{plan['weight_decay']:.3g} (ω {plan['omega']:g})"
     else:
         decay = "none"
+    if extensions and decay != "none":
+        decay += (f" for a run planned this long; the run's own goes on by --extend_decay "
+                  f"{extensions[-1]['decay_rule']}")
     rows.append(("weight decay", decay))
     compute = planned["compute"]
     rows.append(("compute", f"{compute['flops']:.3g} FLOPs ({compute['flops_per_token']:.3g} per "
@@ -351,8 +357,8 @@ def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None,
     elif config.train.init_from:
         rows.append(("init from", f"{config.train.init_from} is not there now; the run resumes "
                                   "from its checkpoint, whose weights need no export"))
-    if planned.get("extensions"):
-        rows.append(("extension", extension_line(planned["extensions"])))
+    if extensions:
+        rows.append(("extension", extension_line(extensions)))
     run_dir = Path(planned["run_dir"])
     rows.append(("run dir", f"{run_dir} ({run_dir_state(run_dir, config, plan['iterations'])})"))
     lines = ["plan (--dry_run --json prints all of it as JSON):"]
