@@ -135,3 +135,24 @@ def test_the_model_card_shows_each_way_to_load_the_tokenizer(tmp_path):
     tokenizer_line = "tokenizer = AutoTokenizer.from_pretrained(path)"
     assert card.index(model_line) < card.index(tokenizer_line)
     assert "`PreTrainedTokenizerFast.from_pretrained(path)` runs no code" in card
+
+
+def test_the_model_card_of_an_extended_run_says_where_and_how(tmp_path):
+    """run.json's `extensions` (`danastar train --extend`): a row per extension, the warm-up the
+    run kept, and no weight decay of a run planned that long (its own went on by its rule)."""
+    config = ModelConfig.from_dict(dict(arch="enoki", n_layer=1, n_head=2, n_embd=64,
+                                        head_dim=32, mlp_hidden=96, vocab_size=300,
+                                        max_seq_len=64))
+    state = build_model(config).state_dict()
+    identity = {"opt": "adana", "iterations": 200, "warmup_steps": 4, "weight_decay": 0.02,
+                "wd_ts": 20}
+    extension = {"from_step": 100, "from_iterations": 100, "iterations": 200,
+                 "schedule_rule": "stretch", "decay_rule": "keep", "warmup_steps": 2}
+    weights = Weights(model_config=config, state_dict=state, run_dir=tmp_path / "run",
+                      checkpoint=tmp_path / "run", step=200, layout="single",
+                      identity=identity, val_loss=None, dataset=None, extensions=[extension])
+    card = model_card(weights, to_hf(config, state), 0.0, "none")
+    assert "| planned steps | 200 |" in card and "| warm-up steps | 2 |" in card
+    assert ("| extended | from step 100, 100 → 200 steps: LR schedule by stretch, weight decay "
+            "by keep (docs/training.md) |") in card
+    assert "wd_ts" not in card and "| weight decay |" not in card

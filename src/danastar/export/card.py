@@ -42,8 +42,7 @@ def model_card(weights: Weights, mapping: Mapping, max_error: float, tokenizer_n
         rows.append(("training tokens", f"{weights.tokens:,}"))
     if weights.val_loss is not None:
         rows.append(("validation loss", f"{weights.val_loss:.4f}"))
-    rows += [(label, _value(identity[key])) for key, label in TRAINING_FIELDS
-             if identity.get(key) is not None]
+    rows += training_rows(identity, weights.extensions)
     table = "\n".join(f"| {label} | {value} |" for label, value in rows)
     class_note = (f"`{mapping.architecture}` (transformers' own class)" if mapping.native else
                   f"`{mapping.architecture}`, defined in `modeling_danastar.py` beside the "
@@ -81,6 +80,23 @@ Tokenizer: {tokenizer_note}.
 |---|---|
 {table}
 """
+
+
+def training_rows(identity: dict, extensions: list[dict]) -> list[tuple[str, str]]:
+    """The "Training" rows of run.json's identity; a run extended past its planned steps
+    (`danastar train --extend`) shows the warm-up it kept, its weight decay as its rule says
+    rather than a run planned that long, and a row per extension."""
+    if extensions:
+        first = extensions[0]
+        identity = {**identity, "warmup_steps": first["warmup_steps"], "weight_decay": None,
+                    "wd_ts": None}
+    rows = [(label, _value(identity[key])) for key, label in TRAINING_FIELDS
+            if identity.get(key) is not None]
+    rows += [("extended", f"from step {e['from_step']:,}, {e['from_iterations']:,} → "
+                          f"{e['iterations']:,} steps: LR schedule by {e['schedule_rule']}, "
+                          f"weight decay by {e['decay_rule']} (docs/training.md)")
+             for e in extensions]
+    return rows
 
 
 def _value(value) -> str:

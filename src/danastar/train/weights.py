@@ -55,6 +55,8 @@ class Weights:
     identity: dict[str, Any]  # run.json's identity: optimizer, LR, dataset, tokenizer...
     val_loss: float | None  # the last validation loss logged at or before `step`
     dataset: str | None  # the run's data (a source name or a prepared directory)
+    # run.json's `extensions`: where the run was continued past its planned steps (--extend)
+    extensions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def tokens(self) -> int | None:
@@ -81,7 +83,8 @@ def load_weights(path: Path, *, say=None, using: str = "using") -> Weights:
                    checkpoint=checkpoint, step=int(meta.get("step", 0)),
                    layout=meta["layout"], identity=_identity(run_dir),
                    val_loss=_last_val_loss(run_dir, int(meta.get("step", 0))),
-                   dataset=_dataset(run_dir))
+                   dataset=_dataset(run_dir),
+                   extensions=_read_json(run_dir / RUN_FILE).get("extensions", []))
 
 
 def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
