@@ -13,7 +13,7 @@ import torch
 from .adamw import AdamW, AdamWDecayingWD
 from .adana import ADana
 from .ademamix import AdEMAMix
-from .base import resolve_state_dtype
+from .base import check_lr, resolve_state_dtype
 from .dana_family import DEFAULT_CLIPSNR
 from .dana_star import DanaStar
 from .muon import MuonWithAdamW
@@ -190,8 +190,7 @@ def build_optimizer(name: str, params, lr: float, **hparams) -> torch.optim.Opti
     if constructor is torch.optim.AdamW and (state_dtype != torch.float32
                                              or hparams.get("stochastic_rounding")):
         constructor = AdamW  # torch's update, with the state options torch's AdamW lacks
-    if lr < 0:
-        raise ValueError(f"lr must be >= 0, got {lr}")
+    check_lr(lr)  # the one rule (hparams.check_lr), before a constructor of torch's own
     accepted = inspect.signature(constructor).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
     unknown = sorted(set(hparams) - set(accepted)) if not takes_any else []
