@@ -56,15 +56,12 @@ def resolve_state_dtype(value) -> torch.dtype:
 def check_parameters(params) -> None:
     """Refuse a parameter the update would get wrong: a complex one (its moments would mix real
     and imaginary parts) or an integer or boolean one (its update truncated)."""
-    for param in params:
-        kind = "complex" if param.is_complex() else "floating" if param.is_floating_point() \
-            else "other"
-        if kind != "floating":
-            hparams.check_parameter_dtype(str(param.dtype).removeprefix("torch."),
-                                          param.shape, kind)
+    for param in (p for p in params if not p.is_floating_point()):
+        hparams.check_parameter_dtype(str(param.dtype).removeprefix("torch."), param.shape,
+                                      "complex" if param.is_complex() else "other")
 
 
-# On CPU a compile costs tens of seconds; below this many elements per group the foreach path
+# On CPU a compile costs tens of seconds: below this many elements per group the reference loop
 # finishes a short run sooner, above it the compiled kernel (one pass over memory) wins.
 CPU_COMPILE_MIN_ELEMENTS = 2**21
 
@@ -125,16 +122,14 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         # the seed of the rounding's random bits (module rounding), whether the group's tensors
         # are kept in flat buffers (module flat), and whether a step may be captured in a CUDA
         # graph (step counts and scalars on the device).
-        defaults = {**defaults, "state_dtype": resolve_state_dtype(state_dtype),
+        defaults = {**defaults, "state_dtype": resolve_state_dtype(state_dtype), "flat": bool(flat),
                     "stochastic_rounding": bool(stochastic_rounding),
-                    "rounding_seed": seed_from_torch(), "flat": bool(flat),
-                    "capturable": bool(capturable)}
+                    "rounding_seed": seed_from_torch(), "capturable": bool(capturable)}
         self._forget_runners()
         self.compiled_once = False  # a compile that worked: a later failure is a bug, raised
         super().__init__(params, defaults)
 
-    def _forget_runners(self) -> None:
-        """id(group) -> its runner, built at the group's first step (derived, never saved)."""
+    def _forget_runners(self) -> None:  # id(group) -> its runner, built at its first step
         self._runners: dict[int, GroupRunner] = {}
 
     def __setstate__(self, state: dict) -> None:
@@ -167,17 +162,12 @@ class PerTensorOptimizer(torch.optim.Optimizer):
             raise
 
     def check_param_group(self, group: dict) -> None:
-        """Refuse a group (with the defaults filled in) whose settings together are a mistake;
-        raises ValueError. Subclasses with the independent weight decay check it here."""
+        """Refuse (ValueError) a group, defaults filled in, whose settings together are wrong."""
 
     def extend_to(self, new_total_steps: int, *, from_step: int | None = None,
                   decay_rule: str = "keep") -> None:
-        """Continue this run to ``new_total_steps`` optimizer steps from ``from_step`` (the
-        steps taken, read from the state by default): the log-time weight decay of every group
-        that has one gets the values of ``decay_rule`` ("keep", "reanchor" or "planned", see
-        `danastar.optim.extension.extend_optimizer`), in its param group, so that
-        ``state_dict`` carries them. The LR schedule is the caller's
-        (`danastar.optim.schedules.extended_schedule`)."""
+        """Continue this run to ``new_total_steps`` steps (`extension.extend_optimizer`; the LR
+        schedule is the caller's, `schedules.extended_schedule`)."""
         extend_optimizer(self, new_total_steps, from_step=from_step, decay_rule=decay_rule)
 
     def scalars_for(self, group: dict, k: float) -> dict[str, float]:
