@@ -79,7 +79,8 @@ class ADana(DanaBase):
         wd_ts: time scale of the decay of λ in steps (the paper uses T/10); None: constant λ.
         omega, total_steps: the paper's form instead of ``weight_decay`` and ``wd_ts``:
             ``wd_ts = total_steps // 10`` and ``weight_decay = omega / wd_ts`` (ω = 4 in the
-            paper; total_steps is the run's length T in optimizer steps).
+            paper and the default; total_steps is the run's length T in optimizer steps).
+            Neither ``total_steps`` nor ``weight_decay`` given: no weight decay.
         eps: added to sqrt(v) in the denominator D.
         impl: the path: "reference" (plain per-tensor loop, any dtype), "compiled"
             (torch.compile over the group's tensor lists), or None (automatic: compiled, except
