@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -442,9 +443,21 @@ def _run_dirs_in(path: Path) -> tuple[list[Path], int]:
     return found, aside
 
 
+# A number in a run's path, as sweeps name their points: 3, 0.25, 1.10e-02.
+NUMBER = re.compile(r"(\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
+
+
+def by_value(path: Path) -> tuple:
+    """A path's sort key with its numbers compared as numbers (each part: text, number, ...)."""
+    return tuple(tuple(float(piece) if index % 2 else piece
+                       for index, piece in enumerate(NUMBER.split(part)))
+                 for part in path.parts)
+
+
 def find_runs(paths: Iterable[str | Path],
               note: Callable[[str], None] | None = None) -> list[Run]:
-    """Every run directory given, or found below a directory given (a sweep), sorted by path.
+    """Every run directory given, or found below a directory given (a sweep), sorted by path,
+    the numbers in its names by value (`lr5.49e-03` before `lr1.10e-02`, `h3` before `h12`).
     An earlier run that ``train`` moved aside into ``previous-<time>/`` inside a run directory
     is not a run of the table unless given itself.
 
@@ -467,7 +480,7 @@ def find_runs(paths: Iterable[str | Path],
         say(f"left out {aside} earlier run(s) moved aside into previous-<time>/ folders; give "
             "such a folder itself to include it")
     runs = []
-    for path in sorted(set(found)):
+    for path in sorted(set(found), key=by_value):
         try:
             run = read_run(path)
         except UnreadableRun as error:
