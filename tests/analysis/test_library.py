@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from danastar import scaling
 from danastar.analysis import compute, fits, lrlaw, multiplier, seeds, sensitivity
+from danastar.analysis.records import by_value
 
 
 def test_compute_in_pfh_for_a_known_model():
@@ -276,3 +278,13 @@ def test_a_convex_fit_whose_vertex_lies_outside_the_swept_lrs_has_no_minimum():
     inside = sensitivity.fit_parabola([(lr, 3.0 + 0.1 * math.log(lr / 4e-3) ** 2) for lr in lrs])
     assert inside.has_minimum
     assert sensitivity.mean_curvature([p, inside]) == pytest.approx(inside.curvature)
+
+
+def test_run_directories_are_sorted_with_their_numbers_by_value():
+    names = ["adamw_h3_lr1.10e-02", "adamw_h12_lr1e-3", "adamw_h3_lr5.49e-03", "s10", "s9",
+             "adamw_h2_lr2.74e-03"]
+    ordered = [str(path) for path in sorted((Path("runs") / name for name in names),
+                                            key=by_value)]
+    assert ordered == ["runs/adamw_h2_lr2.74e-03", "runs/adamw_h3_lr5.49e-03",
+                       "runs/adamw_h3_lr1.10e-02", "runs/adamw_h12_lr1e-3", "runs/s9",
+                       "runs/s10"]
