@@ -160,10 +160,11 @@ def recipe_table(results: Results) -> list[str]:
                 if not paper:
                     continue
                 change = "–"
-                if len(tuned) == len(paper) > 1:
-                    difference = seeds.difference([r.final_loss for r in tuned],
-                                                  [r.final_loss for r in paper])
-                    change = f"{difference.mean:+.4f} ± {difference.se:.4f}"
+                by_seed = {r.seed: r.final_loss for r in paper}
+                paired = [r.final_loss - by_seed[r.seed] for r in tuned if r.seed in by_seed]
+                if len(paired) > 1:  # the same seeds' data orders: their differences
+                    difference = seeds.mean_se(paired)
+                    change = f"{difference.mean:+.4f} ± {difference.se:.4f} ({len(paired)})"
                 lines.append(
                     f"| {CORPORA[corpus]} | {horizon}× | {steps} | "
                     f"{fmt(results.tokens_per_param(corpus, horizon), '.2f')} | "
@@ -354,13 +355,17 @@ def warmup_figure(results: Results, corpus: str):
                     linestyle=plots.linestyle(optimizer),
                     label=f"{plots.display_name(optimizer)} (LR {paper[0]:g} × law)")
         ax.set_xscale("log")
-        ax.set_xlabel("warm-up, share of the steps (0 drawn at ½ step)")
+        # one tick per warm-up of the ladder, named as the tables name it (T/50, T/5 ...)
+        ax.set_xticks([max(warmup_steps(steps, i) / steps, 0.5 / steps)
+                       for i in range(len(WARMUPS))], [warmup_label(i) for i in range(len(WARMUPS))])
+        ax.minorticks_off()
+        ax.set_xlabel("warm-up (0 drawn at ½ step)")
         ax.set_title(f"{horizon}× ({steps} steps), seed 0", fontsize=9)
         ax.grid(True, which="both", alpha=0.2)
     axes[0].set_ylabel("final validation loss")
     handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, fontsize=7, loc="outside right upper")
-    figure.suptitle(f"The warm-up sweep on {CORPORA[corpus]}, at each optimizer's best LR under "
+    figure.legend(handles, labels, fontsize=8, loc="outside lower center", ncols=2)
+    figure.suptitle(f"The warm-up sweep on {CORPORA[corpus]}, at each optimizer's best LR\nunder "
                     "the paper's recipe", fontsize=10)
     return figure
 
