@@ -202,13 +202,18 @@ def lr_sensitivity(runs: Sequence[Run], *, min_lrs: int = sensitivity.MIN_LRS):
         for i, (size, rs) in enumerate(sorted(by_size.items())):
             shade = cmap(i / max(1, len(by_size) - 1))
             pts = sorted((r.lr, r.final_loss) for r in rs)
-            ax.plot(*zip(*pts), "o", color=shade, label=f"{size[0]} h{size[1]}")
             try:
                 parabola = sensitivity.fit_parabola(pts, min_lrs=min_lrs)
-            except ValueError:
+            except ValueError:  # too few LRs for a fit: the points alone
+                parabola = None
+            # a size without a minimum says so beside its points (the title only when none has)
+            none_inside = parabola is not None and not parabola.has_minimum
+            ax.plot(*zip(*pts), "o", color=shade, label=f"{size[0]} h{size[1]}"
+                    + (": no minimum inside the swept LRs" if none_inside else ""))
+            if parabola is None:
                 continue
             results[group][size] = parabola
-            if not parabola.has_minimum:  # a concave fit says nothing about the optimum
+            if none_inside:  # a concave fit says nothing about the optimum
                 continue
             grid = np.geomspace(pts[0][0] / 1.5, pts[-1][0] * 1.5, 100)
             ax.plot(grid, parabola.loss(grid), "--", color=shade, linewidth=1)
