@@ -181,6 +181,8 @@ def test_lr_sensitivity_draws_no_parabola_without_a_minimum(tmp_path):
     assert not parabola.has_minimum and parabola.refit_on_lowest
     assert not [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert ax.get_title().endswith("no minimum inside the swept LRs")
+    # and beside its points, as for a size without one in a panel where another has one
+    assert ax.get_legend_handles_labels()[1] == ["enoki h4: no minimum inside the swept LRs"]
 
 
 def draw(figure):
