@@ -52,7 +52,7 @@ def training_arguments(output_dir: str, steps: int = 40, **overrides) -> Trainin
     return TrainingArguments(output_dir=output_dir, **{**settings, **overrides})
 
 
-def main(output_dir: str = "scratch/hf_trainer_example", steps: int = 40) -> Trainer:
+def main(output_dir: str = "scratch/hf_trainer_example", steps: int = 300) -> Trainer:
     model = tiny_llama()
     args = training_arguments(output_dir, steps)
     trainer = Trainer(

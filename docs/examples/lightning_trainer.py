@@ -67,7 +67,7 @@ class CountingModule(L.LightningModule):
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def main(epochs: int = 2, batch_size: int = 16) -> tuple[L.Trainer, CountingModule]:
+def main(epochs: int = 8, batch_size: int = 16) -> tuple[L.Trainer, CountingModule]:
     torch.manual_seed(0)
     module = CountingModule()
     data = torch.utils.data.DataLoader(counting_sequences(), batch_size=batch_size, shuffle=True)

@@ -50,7 +50,7 @@ def loss_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
 
 
-def train(total_steps: int = 60, checkpoint: Path | None = None,
+def train(total_steps: int = 300, checkpoint: Path | None = None,
           stop_after: int | None = None, lr: float = 1e-2) -> tuple[nn.Module, list[float]]:
     """Train for ``total_steps`` steps, resuming from ``checkpoint`` if it exists and saving to
     it after ``stop_after`` steps (then returning early). Returns the model and this call's
