@@ -47,8 +47,8 @@ def training_arguments(output_dir: str, steps: int = 40, **overrides) -> Trainin
         weight_decay=0.0,                     # (2) not AdamW's decay: Dana's comes from omega
         lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
         warmup_steps=max(1, steps // 50),
-        per_device_train_batch_size=8, logging_steps=10, save_strategy="no", report_to=[],
-        use_cpu=True, disable_tqdm=True, seed=0)
+        per_device_train_batch_size=8, logging_steps=max(1, steps // 6),  # six loss lines
+        save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
     return TrainingArguments(output_dir=output_dir, **{**settings, **overrides})
 
 
