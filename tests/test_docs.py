@@ -193,10 +193,8 @@ def test_every_code_block_is_run_or_marked():
     assert not problems, "\n".join(problems)
 
 
-def test_no_doc_command_writes_into_docs():
-    """Figures and runs of the examples go to a working folder; the files committed under docs/
-    are made by their own scripts."""
-    problems = []
+def every_doc_command():
+    """(block, words) of every command of the docs' shell blocks, illustrations included."""
     for block in BLOCKS:
         if not block.is_shell:
             continue
@@ -205,8 +203,15 @@ def test_no_doc_command_writes_into_docs():
         except ValueError:  # an illustration need not be valid shell
             continue
         for words in block_commands:
-            if inside := written_into_docs(split_environment(words)[1]):
-                problems.append(f"{block.name}: `{shlex.join(words)}` writes into {inside}")
+            yield block, words
+
+
+def test_no_doc_command_writes_into_docs():
+    """Figures and runs of the examples go to a working folder; the files committed under docs/
+    are made by their own scripts."""
+    problems = [f"{block.name}: `{shlex.join(words)}` writes into {inside}"
+                for block, words in every_doc_command()
+                if (inside := written_into_docs(split_environment(words)[1]))]
     assert not problems, "\n".join(problems)
 
 
@@ -214,19 +219,12 @@ def test_what_a_doc_command_writes_goes_under_scratch():
     """Figures, tables and exports of the examples go to one git-ignored folder (runs go to
     runs/, prepared data to data/, both ignored too)."""
     problems = []
-    for block in BLOCKS:
-        if not block.is_shell:
-            continue
-        try:
-            block_commands = commands(block)
-        except ValueError:  # an illustration need not be valid shell
-            continue
-        for words in block_commands:
-            _, command = split_environment(words)
-            for flag, value in zip(command, command[1:]):
-                if flag in OUTPUT_FLAGS and value != "-" and not value.startswith(
-                        tuple(f"{folder}/" for folder in WRITABLE)):
-                    problems.append(f"{block.name}: `{shlex.join(words)}` writes {value}")
+    for block, words in every_doc_command():
+        _, command = split_environment(words)
+        for flag, value in zip(command, command[1:]):
+            if flag in OUTPUT_FLAGS and value != "-" and not value.startswith(
+                    tuple(f"{folder}/" for folder in WRITABLE)):
+                problems.append(f"{block.name}: `{shlex.join(words)}` writes {value}")
     assert not problems, "write under scratch/:\n" + "\n".join(problems)
     ignored = (ROOT / ".gitignore").read_text().splitlines()
     assert all(any(line.strip("/") == folder for line in ignored) for folder in WRITABLE)
