@@ -255,7 +255,7 @@ TOTAL_FREE = ("none", "powerlaw")
 # Where the decay of a schedule that ends low is over, as steps before its total: OneCycleLR's
 # final factor is at T - 1, wsd's at T. cos_inf is not here: it holds its floor past T by design,
 # so a finished cos_inf run goes on at its floor.
-DECAY_END_BEFORE_TOTAL = {"cos": 1, "linear": 1, "wsd": 0}
+DECAYS_TO_AN_END = ("cos", "linear", "wsd")
 
 
 def extended_schedule(name: str, warmup_steps: int, total_steps: int, new_total_steps: int,
@@ -279,11 +279,22 @@ def extended_schedule(name: str, warmup_steps: int, total_steps: int, new_total_
     stretch or re-anchor: refused, naming ``rewarm``; a finished ``cos_inf`` run stays at its
     floor (as the schedule does past T) unless re-warmed.
     """
-    old = get_schedule(name, warmup_steps, total_steps, **options)
-    _check(rule in LR_RULES, f"rule must be one of {', '.join(LR_RULES)}, got {rule!r}")
-    check_extension(total_steps, new_total_steps, from_step)
     _check(warmup_steps <= total_steps,
            f"warmup_steps ({warmup_steps}) must be <= total_steps ({total_steps})")
+    return continued_schedule(get_schedule(name, warmup_steps, total_steps, **options), name,
+                              warmup_steps, total_steps, new_total_steps, from_step, rule,
+                              rewarm_steps=rewarm_steps, peak=peak, **options)
+
+
+def continued_schedule(old: Schedule, name: str, warmup_steps: int, total_steps: int,
+                       new_total_steps: int, from_step: int, rule: str = "stretch", *,
+                       rewarm_steps: int | None = None, peak: float = 1.0,
+                       **options) -> Schedule:
+    """``old``, the schedule ``name`` as a run has followed it for ``total_steps`` steps (the one
+    planned for them, or one continued already), continued by ``rule`` as `extended_schedule`
+    says: a run extended twice is its planned schedule continued twice."""
+    _check(rule in LR_RULES, f"rule must be one of {', '.join(LR_RULES)}, got {rule!r}")
+    check_extension(total_steps, new_total_steps, from_step)
     if name in TOTAL_FREE:
         _check(rule != "rewarm", f"{name} does not depend on the total steps, so it goes on as it "
               "is past them; there is no decay to restart (use rule 'stretch' or 'reanchor')")
@@ -301,10 +312,9 @@ def extended_schedule(name: str, warmup_steps: int, total_steps: int, new_total_
 
 def _check_decay_left(name: str, old: Schedule, total_steps: int, anchor: int,
                       rule: str) -> None:
-    """Refuse to stretch or re-anchor a decay that is over."""
-    if name in DECAY_END_BEFORE_TOTAL:
-        decay_end = total_steps - DECAY_END_BEFORE_TOTAL[name]
-        _check(anchor < decay_end,
+    """Refuse to stretch or re-anchor a decay that is over: at its end factor already."""
+    if name in DECAYS_TO_AN_END:
+        _check(old(anchor) != old(total_steps),
                f"{name} has finished its decay by step {anchor} (factor {old(anchor):.3g}), so "
                f"there is nothing left to {rule}; use rule 'rewarm' (back up to the peak over "
                "rewarm_steps, then the schedule again up to the new total)")

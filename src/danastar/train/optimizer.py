@@ -7,15 +7,8 @@ import warnings
 from danastar.config import TrainConfig, schedule_options
 from danastar.errors import UserError
 from danastar.hparams import ShortRunWeightDecayWarning
-from danastar.optim import build_optimizer, extend_optimizer, extended_schedule, get_schedule
-from danastar.optim.schedules import (
-    DECAY_END_BEFORE_TOTAL,
-    TOTAL_FREE,
-    check_extension,
-    reanchored_schedule,
-    rewarmed_schedule,
-    stretched_schedule,
-)
+from danastar.optim import build_optimizer, extend_optimizer, get_schedule
+from danastar.optim.schedules import continued_schedule
 
 
 def make_optimizer(plan, config: TrainConfig, param_groups: list[dict]):
@@ -44,53 +37,17 @@ def make_optimizer(plan, config: TrainConfig, param_groups: list[dict]):
 
 def extended_run_schedule(config: TrainConfig, extensions: list[dict]):
     """The LR schedule of a run continued past its planned total by `extensions` (as run.json
-    records them, oldest first): the schedule planned for its first total and warm-up, extended
-    by the library's `extended_schedule` from the step the first began, then each later one
-    continued by the same rules (`continued_schedule`); ValueError where a rule cannot."""
-    first, options = extensions[0], schedule_options(config)
-    schedule = extended_schedule(config.optim.scheduler, first["warmup_steps"],
-                                 first["from_iterations"], first["iterations"],
-                                 from_step=first["from_step"], rule=first["schedule_rule"],
-                                 rewarm_steps=first.get("rewarm_steps"), **options)
-    for extension in extensions[1:]:
-        schedule = continued_schedule(schedule, config.optim.scheduler, extension, options)
+    records them, oldest first): the schedule planned for its first total and warm-up, continued
+    by each in turn (the library's `continued_schedule`); ValueError where a rule cannot."""
+    name, options = config.optim.scheduler, schedule_options(config)
+    first = extensions[0]
+    schedule = get_schedule(name, first["warmup_steps"], first["from_iterations"], **options)
+    for extension in extensions:
+        schedule = continued_schedule(
+            schedule, name, extension["warmup_steps"], extension["from_iterations"],
+            extension["iterations"], extension["from_step"], extension["schedule_rule"],
+            rewarm_steps=extension.get("rewarm_steps"), **options)
     return schedule
-
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-def continued_schedule(schedule, name: str, extension: dict, options: dict):
-    """`schedule` (already extended to `from_iterations`) continued to `iterations` from
-    `from_step` by the rule of `extension`, as `extended_schedule` continues a planned one: its
-    remaining decay stretched, the rest of the schedule planned for the new total re-anchored at
-    the current factor, or re-warmed; a `cos`, `linear` or `wsd` decay that is over is refused
-    for stretch and reanchor (use rewarm)."""
-    step, total, new_total = (extension[key] for key in ("from_step", "from_iterations",
-                                                         "iterations"))
-    check_extension(total, new_total, step)
-    rule, warmup = extension["schedule_rule"], extension["warmup_steps"]
-    if name in TOTAL_FREE:
-        require(rule != "rewarm", f"{name} does not depend on the total steps, so it goes on as it "
-              "is past them; there is no decay to restart (use rule 'stretch' or 'reanchor')")
-        return schedule
-    if rule == "rewarm":
-        rewarm = extension["rewarm_steps"]
-        require(1 <= rewarm <= new_total - step, f"rewarm_steps must be in 1 .. "
-              f"{new_total - step} (the steps left), got {rewarm}")
-        return rewarmed_schedule(schedule, get_schedule(name, rewarm, new_total - step,
-                                                        **options), step, rewarm)
-    anchor = max(step, warmup)
-    require(name not in DECAY_END_BEFORE_TOTAL or schedule(anchor) != schedule(total),
-          f"{name} has finished its decay by step {anchor} (factor {schedule(anchor):.3g}), so "
-          f"there is nothing left to {rule}; use rule 'rewarm' (back up to the peak over "
-          "rewarm_steps, then the schedule again up to the new total)")
-    if rule == "stretch":
-        return stretched_schedule(schedule, anchor, total, new_total)
-    return reanchored_schedule(schedule, get_schedule(name, warmup, new_total, **options),
-                               anchor, new_total)
 
 
 def extend_run(optimizer, config: TrainConfig, extensions: list[dict]):
