@@ -1,0 +1,277 @@
+"""The price of extending a run: the table, the figure and summary.json, rebuilt from the
+committed records alone (this study's, and Study III's planned runs that it reads).
+
+    python studies/extend/report.py    # docs/study-extend/*, studies/extend/summary.json
+
+For each optimizer, seed and length T2 (2T and 4T, T = 128 steps), the final validation loss
+(the whole validation set) of each extension rule against the run planned for T2, paired by
+seed; and what the extension is worth in compute: the steps AdamW needs to reach the extended
+run's loss over the steps it needs to reach the planned run's, both read off AdamW's planned
+runs of the same seed (128, 256, 512 and 1024 steps, log-log interpolation as Study II reads
+its multipliers). 100% is as good as planning T2 from the start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # studies/common.py, which puts src/ on the path too
+sys.path.insert(0, str(HERE))
+
+from common import ROOT, figure_writer, final_loss, pm  # noqa: E402
+from matplotlib import rcParams  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from study import (  # noqa: E402
+    DECAY_RULES,
+    EXTENDED_TO,
+    FAIR_RECORDS,
+    LOG_TIME_DECAY,
+    OPTIMIZERS,
+    RECORDS,
+    SCHEDULE_RULES,
+    SEEDS,
+    T1,
+    Run,
+    fair_record,
+    recorded,
+)
+
+from danastar.analysis import multiplier, seeds  # noqa: E402
+from danastar.errors import UserError  # noqa: E402
+from danastar.hparams import decay_multiplier  # noqa: E402
+
+OUT = ROOT / "docs" / "study-extend"
+SUMMARY = HERE / "summary.json"
+BASELINE = "adamw"
+LONGER = "sh-x4-adamw-paper-steps1024/adamw-lrx0.25-s{seed}"  # AdamW's curve past 4T
+NAMES = {"adamw": "AdamW", "adana": "ADana", "dana-star-mk4": "Dana-Star-MK4"}
+
+
+def conditions(optimizer: str) -> list[tuple[str, str]]:
+    """(LR rule, decay rule) of every extension of this optimizer, in the tables' order."""
+    found = [(rule, "keep") for rule in SCHEDULE_RULES]
+    if optimizer in LOG_TIME_DECAY:
+        found += [("stretch", decay) for decay in DECAY_RULES]
+    return found
+
+
+def record(run: Run) -> Path | None:
+    """Where a run's record is: this study's, or Study III's for a planned run it holds."""
+    if recorded(run):
+        return RECORDS / run.name
+    return fair_record(run.optimizer, run.steps, run.seed) if run.kind == "planned" else None
+
+
+def loss(run: Run) -> float | None:
+    path = record(run)
+    return None if path is None else final_loss(path)
+
+
+def planned(optimizer: str, steps: int, seed: int) -> Run:
+    return Run("base" if steps == T1 else "planned", optimizer, seed, steps)
+
+
+def adamw_curve(seed: int) -> list[tuple[float, float]]:
+    """AdamW's (steps, final loss) for one seed, from its runs planned for each length."""
+    points = [(steps, loss(planned(BASELINE, steps, seed))) for steps in (T1, *EXTENDED_TO)]
+    longer = FAIR_RECORDS / LONGER.format(seed=seed)
+    if longer.is_dir():
+        points.append((2 * max(EXTENDED_TO), final_loss(longer)))
+    return sorted((s, v) for s, v in points if v is not None)
+
+
+def worth(extended: float, target: float, curve: list[tuple[float, float]]
+          ) -> tuple[float, bool] | None:
+    """AdamW's compute to reach `extended` over its compute to reach `target` (the planned
+    run's loss), and whether either was read outside AdamW's curve."""
+    if len(curve) < 2:
+        return None
+    ext, plan = multiplier.measured_multipliers(curve, [(1.0, extended), (1.0, target)])
+    outside = ext.kind != multiplier.INTERPOLATED or plan.kind != multiplier.INTERPOLATED
+    return ext.baseline_compute / plan.baseline_compute, outside
+
+
+# ---- the table ----------------------------------------------------------------------------------
+
+def row(optimizer: str, steps: int, rule: str, decay: str) -> dict | None:
+    """One extension against the planned run, over the seeds that have both."""
+    pairs = []
+    for seed in SEEDS:
+        ext = loss(Run("extended", optimizer, seed, steps, rule, decay))
+        target = loss(planned(optimizer, steps, seed))
+        if ext is not None and target is not None:
+            pairs.append((seed, ext, target))
+    if not pairs:
+        return None
+    gaps = [e - t for _, e, t in pairs]
+    worths = [w for w in (worth(e, t, adamw_curve(s)) for s, e, t in pairs) if w is not None]
+    found = {"optimizer": optimizer, "from_steps": T1, "steps": steps, "lr_rule": rule,
+             "decay_rule": decay, "seeds": len(pairs),
+             "loss": seeds.mean_se([e for _, e, _ in pairs]),
+             "gap": seeds.mean_se(gaps),
+             "worth": seeds.mean_se([w for w, _ in worths]) if worths else None,
+             "worth_outside": any(o for _, o in worths)}
+    return found
+
+
+def planned_row(optimizer: str, steps: int) -> seeds.MeanSE | None:
+    values = [v for v in (loss(planned(optimizer, steps, s)) for s in SEEDS) if v is not None]
+    return seeds.mean_se(values) if values else None
+
+
+def se_of(value: seeds.MeanSE | None) -> str:
+    return "" if value is None or value.n < 2 else f" ± {value.se:.4f}"
+
+
+def percent(value: seeds.MeanSE | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value.mean:.0%}" + ("" if value.n < 2 else f" ± {value.se:.0%}")
+
+
+def table(steps: int) -> tuple[list[str], list[dict]]:
+    lines = ["| optimizer | run | seeds | final loss | − planned (paired) | worth in AdamW's "
+             "compute |", "|---|---|---|---|---|---|"]
+    rows = []
+    for optimizer in OPTIMIZERS:
+        name = NAMES[optimizer]
+        for label, length in ((f"planned for {steps}", steps), (f"planned for {T1} (the base)",
+                                                                   T1)):
+            found = planned_row(optimizer, length)
+            if found is not None:
+                lines.append(f"| {name} | {label} | {found.n} | {pm(found)} | | |")
+        for rule, decay in conditions(optimizer):
+            found = row(optimizer, steps, rule, decay)
+            if found is None:
+                lines.append(f"| {name} | `{rule}`, decay `{decay}` | 0 | – | – | – |")
+                continue
+            worth_text = percent(found["worth"]) + (
+                " (extrapolated)" if found["worth_outside"] else "")
+            lines.append(f"| {name} | `{rule}`, decay `{decay}` | {found['seeds']} | "
+                         f"{pm(found['loss'])} | {found['gap'].mean:+.4f}"
+                         f"{se_of(found['gap'])} | {worth_text} |")
+            rows.append(summary(found))
+    return lines, rows
+
+
+def summary(found: dict) -> dict:
+    def plain(value: seeds.MeanSE | None, key: str) -> dict:
+        if value is None:
+            return {key: None, f"{key}_se": None}
+        se = None if math.isnan(value.se) else round(value.se, 6)
+        return {key: round(value.mean, 6), f"{key}_se": se}
+
+    return {**{k: found[k] for k in ("optimizer", "from_steps", "steps", "lr_rule",
+                                     "decay_rule", "seeds")},
+            **plain(found["loss"], "loss"), **plain(found["gap"], "gap"),
+            **plain(found["worth"], "worth"), "worth_extrapolated": found["worth_outside"]}
+
+
+# ---- the figure ---------------------------------------------------------------------------------
+
+def metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def identity(path: Path) -> dict:
+    return json.loads((path / "run.json").read_text())["identity"]
+
+
+def curves(path: Path, before: dict | None = None, join: int | None = None) -> dict:
+    """A run's validation loss (8 batches; not the whole-set final one), LR factor, and the
+    share of a weight its decay removes per step, by step. `before`: the base's identity, whose
+    decay holds up to the `join`."""
+    after = identity(path)
+    found = {"val": [], "lr": [], "decay": []}
+    for m in metrics(path):
+        if "val_loss" in m and not m.get("final") and m["step"] > 0:
+            found["val"].append((m["step"], m["val_loss"]))
+        if "lr_factor" in m:
+            step = m["step"]
+            found["lr"].append((step, m["lr_factor"]))
+            ident = before if before is not None and step <= join else after
+            if ident["wd_ts"] is None:  # AdamW: p <- p - lr_t * lambda * p
+                removed = m["lr"] * ident["weight_decay"]
+            else:
+                removed = 1 - decay_multiplier(ident["weight_decay"], m["lr_factor"], step,
+                                               ident["wd_ts"])
+            found["decay"].append((step, removed))
+    return found
+
+
+def join_figure(steps: int, seed: int = 0):
+    colours = rcParams["axes.prop_cycle"].by_key()["color"]
+
+    fig = Figure(figsize=(4.2 * len(OPTIMIZERS), 9.0), layout="constrained")
+    axes = fig.subplots(3, len(OPTIMIZERS), sharex=True, squeeze=False)
+    drawn = 0
+    for column, optimizer in enumerate(OPTIMIZERS):
+        base = record(planned(optimizer, T1, seed))
+        target = record(planned(optimizer, steps, seed))
+        lines = []
+        if target is not None:
+            lines.append((f"planned for {steps}", "black", "-", curves(target)))
+        for index, (rule, decay) in enumerate(conditions(optimizer)):
+            path = record(Run("extended", optimizer, seed, steps, rule, decay))
+            if path is not None and base is not None:
+                lines.append((f"{rule}, decay {decay}", colours[index % len(colours)], "-",
+                              curves(path, identity(base), T1)))
+        for label, color, style, found in lines:
+            for row_index, key in enumerate(("val", "lr", "decay")):
+                xs, ys = zip(*found[key]) if found[key] else ((), ())
+                axes[row_index][column].plot(xs, ys, style, color=color, lw=1.3, label=label)
+            drawn += 1
+        axes[0][column].set_title(NAMES[optimizer])
+        for ax in axes[:, column]:
+            ax.axvline(T1, color="grey", ls=":", lw=1)
+        axes[2][column].set_yscale("log")
+        axes[2][column].set_xlabel("step")
+        if lines:
+            axes[0][column].legend(fontsize=7, loc="upper right")
+            low = min(v for _, _, _, f in lines for _, v in f["val"] if f["val"])
+            axes[0][column].set_ylim(low - 0.05, low + 1.0)
+    if not drawn:
+        raise UserError(f"no run of seed {seed} extended to {steps} steps is recorded yet")
+    axes[0][0].set_ylabel("validation loss (8 batches)")
+    axes[1][0].set_ylabel("LR factor (× peak LR)")
+    axes[2][0].set_ylabel("share of a weight decayed per step")
+    fig.suptitle(f"Extending a run planned for {T1} steps to {steps} (seed {seed}); "
+                 f"dotted: the join at step {T1}")
+    return fig
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+def report() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    text = ["# Extending a run: results", "",
+            "Written by `python studies/extend/report.py` from the committed records; see "
+            "[the study's page](../study-extend.md) for what it means.", "",
+            f"Each run was planned for {T1} steps and continued to the length named; final "
+            "validation loss on the whole validation set, mean ± standard error over seeds. "
+            "\"− planned\" is the extended run's loss minus the run planned for that length "
+            "from the start, paired by seed (negative: the extension is better). \"Worth\" is "
+            "AdamW's steps to reach the extended run's loss over its steps to reach the planned "
+            "run's, read off AdamW's planned runs of the same seed (100%: as good as planning "
+            "the length from the start).", ""]
+    rows = []
+    for steps in EXTENDED_TO:
+        lines, found = table(steps)
+        text += [f"## {T1} → {steps} steps ({steps // T1}T)", "", *lines, ""]
+        rows += found
+    figure = figure_writer(OUT, text)
+    for steps in EXTENDED_TO:
+        figure(f"join_{steps}", lambda steps=steps: join_figure(steps))
+    text += [f"![The runs of seed 0 across the join, to {steps} steps](join_{steps}.png)"
+             for steps in EXTENDED_TO if (OUT / f"join_{steps}.png").is_file()]
+    (OUT / "results.md").write_text("\n".join(text) + "\n")
+    SUMMARY.write_text(json.dumps(rows, indent=1) + "\n")
+    print("wrote", (OUT / "results.md").relative_to(ROOT), SUMMARY.relative_to(ROOT))
+
+
+if __name__ == "__main__":
+    report()
