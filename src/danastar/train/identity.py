@@ -286,6 +286,7 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
         return []
     recorded, extensions = record["identity"], list(record.get("extensions", []))
     rules = (config.optim.extend, config.optim.extend_decay)
+    check_not_before_join(extensions, step)
     if current["iterations"] == recorded["iterations"] or rules[0] is None:
         # the same total (or `changed_settings` said why the iterations cannot change)
         last = extensions[-1] if extensions else None
@@ -306,6 +307,19 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
     check_extension_rules([*extensions, extension], recorded, config)
     check_total_hparams(recorded, current, config)
     return [*extensions, extension]
+
+
+def check_not_before_join(extensions: list[dict[str, Any]], step: int) -> None:
+    """Refuse a resume from a checkpoint older than the run's newest extension (its newer
+    checkpoints missing or damaged): the extension's optimizer and schedule begin at its step,
+    and the steps between would be trained under the extended plan too early."""
+    if extensions and step < extensions[-1]["from_step"]:
+        join = extensions[-1]["from_step"]
+        raise UserError(f"the newest usable checkpoint is at step {step:,}, before this run was "
+                        f"extended at step {join:,} (its checkpoints from step {join:,} on are "
+                        f"missing or damaged); put a checkpoint from step {join:,} or later "
+                        f"back into checkpoints/, or extend a copy of the run as it was before "
+                        f"the extension.")
 
 
 def check_total_hparams(recorded: dict[str, Any], current: dict[str, Any], config) -> None:
