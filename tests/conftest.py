@@ -37,6 +37,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from long_tier import is_long
+
 TESTS = Path(__file__).resolve().parent
 PROCESS_MODULES = ("subprocess", "multiprocessing", "torch.multiprocessing",
                    "torch.distributed.run", "torch.distributed.elastic",
@@ -138,6 +140,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if _is_process_test(item):
             item.add_marker(pytest.mark.process)
+        if is_long(item.nodeid):  # the tier outside the default command (tests/long_tier.py)
+            item.add_marker(pytest.mark.long)
 
 
 # The check: while an unmarked test runs, each process start is recorded (by what it runs).
