@@ -100,6 +100,11 @@ LONG_TESTS = {
         "test_a_run_without_tokenizer_is_refused; test_a_run_is_scored_on_a_local_task",
     "tests/export/test_eval_command.py::test_an_unknown_task_is_one_sentence_with_the_near_names":
         "test_a_run_without_tokenizer_is_refused",
+    "tests/export/test_init_from.py::test_every_fsdp_rank_starts_from_the_export":
+        "test_a_run_from_an_export_starts_with_the_exported_weights; test_distributed.py's FSDP",
+    "tests/train/test_extend.py::test_a_stopped_run_reanchored_keeps_its_warm_up_and_reanchors_"
+    "its_decay": "tests/optim/test_extension.py (the rules by hand in float64); "
+                 "test_a_finished_run_extended_to_twice_its_steps_completes_and_resumes_bitwise",
     "tests/train/test_generate.py::test_generation_from_a_sharded_checkpoint_equals_the_single_"
     "file_one": "the other generate tests, on single-file checkpoints",
     # -- the docs: pages whose commands train for minutes -----------------------------------------
