@@ -3,6 +3,7 @@ no question about running code (transformers' `trust_remote_code` prompt), no wa
 or transformers' logging), and the ids of danastar's own tokenizer, for each class an export
 can be: `LlamaForCausalLM`, `Qwen3NextForCausalLM` and danastar's own class."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -139,7 +140,7 @@ def test_the_model_card_shows_each_way_to_load_the_tokenizer(tmp_path):
 
 def test_the_model_card_of_an_extended_run_says_where_and_how(tmp_path):
     """run.json's `extensions` (`danastar train --extend`): a row per extension, the warm-up the
-    run kept, and no weight decay of a run planned that long (its own went on by its rule)."""
+    run kept, and the weight decay it holds, not that of a run planned that long."""
     config = ModelConfig.from_dict(dict(arch="enoki", n_layer=1, n_head=2, n_embd=64,
                                         head_dim=32, mlp_hidden=96, vocab_size=300,
                                         max_seq_len=64))
@@ -155,4 +156,9 @@ def test_the_model_card_of_an_extended_run_says_where_and_how(tmp_path):
     assert "| planned steps | 200 |" in card and "| warm-up steps | 2 |" in card
     assert ("| extended | from step 100, 100 → 200 steps: LR schedule by stretch, weight decay "
             "by keep (docs/training.md) |") in card
-    assert "wd_ts" not in card and "| weight decay |" not in card
+    assert "wd_ts" not in card and "| weight decay |" not in card  # not recorded: not shown
+    # recorded with the extension (since the decay in effect is kept): the decay it holds
+    held = {**extension, "weight_decay": 0.04, "wd_ts": 10}
+    card = model_card(dataclasses.replace(weights, extensions=[held]), to_hf(config, state),
+                      0.0, "none")
+    assert "| weight decay | 0.04 |" in card and "| 0.02 |" not in card, card

@@ -52,9 +52,14 @@ def test_a_finished_run_extended_to_twice_its_steps_completes_and_resumes_bitwis
     args = ["--iterations", "20", "--extend", "stretch"]
     assert_ok(run_train(args, whole))
     assert read_status(whole)["state"] == "complete"
+    # the decay kept is recorded with the extension: the identity is a 20-step plan's
+    planned = json.loads((finished / "run.json").read_text())["identity"]
     assert extensions(whole) == [{"from_step": 10, "from_iterations": 10, "iterations": 20,
                                   "schedule_rule": "stretch", "decay_rule": "keep",
-                                  "warmup_steps": 0}]
+                                  "warmup_steps": 0, "weight_decay": planned["weight_decay"],
+                                  "wd_ts": planned["wd_ts"]}]
+    identity = json.loads((whole / "run.json").read_text())["identity"]
+    assert (identity["wd_ts"], planned["wd_ts"]) == (2, 1)
     # stopped mid-way, then the same command again: bitwise the uninterrupted extension
     assert_stopped_with_work_left(run_train([*args, "--iterations_to_run", "4"], stopped))
     resumed = run_train(args, stopped)
@@ -121,6 +126,8 @@ def test_a_stopped_run_reanchored_keeps_its_warm_up_and_reanchors_its_decay(tmp_
     group = next(g for g in state["optimizer"]["param_groups"] if g["weight_decay"])
     planned = json.loads((run_dir / "run.json").read_text())
     assert group["wd_ts"] == 20 and planned["identity"]["wd_ts"] == 20
+    (recorded,) = planned["extensions"]  # the decay the optimizer holds, as run.json says it
+    assert (recorded["weight_decay"], recorded["wd_ts"]) == (group["weight_decay"], 20)
     omega = planned["identity"]["omega"]
     before = omega / 10 / (1 + 31 / 10)  # ω/wd_ts over (1 + k/wd_ts) at the join's k = 31
     assert group["weight_decay"] / (1 + 31 / 20) == pytest.approx(before, rel=1e-12)

@@ -84,12 +84,13 @@ Tokenizer: {tokenizer_note}.
 
 def training_rows(identity: dict, extensions: list[dict]) -> list[tuple[str, str]]:
     """The "Training" rows of run.json's identity; a run extended past its planned steps
-    (`danastar train --extend`) shows the warm-up it kept, its weight decay as its rule says
-    rather than a run planned that long, and a row per extension."""
+    (`danastar train --extend`) shows the warm-up it kept, the weight decay it holds since its
+    newest join (recorded with the extension; not shown where an older record lacks it) rather
+    than a run planned that long's, and a row per extension."""
     if extensions:
-        first = extensions[0]
-        identity = {**identity, "warmup_steps": first["warmup_steps"], "weight_decay": None,
-                    "wd_ts": None}
+        first, last = extensions[0], extensions[-1]
+        identity = {**identity, "warmup_steps": first["warmup_steps"],
+                    "weight_decay": last.get("weight_decay"), "wd_ts": last.get("wd_ts")}
     rows = [(label, _value(identity[key])) for key, label in TRAINING_FIELDS
             if identity.get(key) is not None]
     rows += [("extended", f"from step {e['from_step']:,}, {e['from_iterations']:,} → "

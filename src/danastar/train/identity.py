@@ -45,7 +45,9 @@ from danastar.config import (
 )
 from danastar.durable import write_atomic
 from danastar.errors import UserError
+from danastar.hparams import extended_weight_decay
 from danastar.optim import get_schedule
+from danastar.optim.extension import has_log_time_decay
 from danastar.rundir.files import (
     CHECKPOINTS_DIR,
     RUN_FILE,
@@ -306,7 +308,23 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
         extension["rewarm_steps"] = warmup or max(1, (current["iterations"] - step) // 50)
     check_extension_rules([*extensions, extension], recorded, config)
     check_total_hparams(recorded, current, config)
+    previous = extensions[-1] if extensions else recorded
+    if "weight_decay" in previous:  # (an extension recorded before it was kept: not known)
+        extension.update(decay_in_effect({**recorded, **previous}, extension))
     return [*extensions, extension]
+
+
+def decay_in_effect(before: dict[str, Any], extension: dict[str, Any]) -> dict[str, Any]:
+    """The weight decay the optimizer holds from the join on (what `extend_optimizer` sets,
+    recorded with the extension: the identity holds what a run planned for the new total would
+    have), from the one it held `before`: a log-time decay by the extension's rule, any other
+    kept."""
+    decay = {"weight_decay": before["weight_decay"], "wd_ts": before["wd_ts"]}
+    if has_log_time_decay(before):
+        decay["weight_decay"], decay["wd_ts"] = extended_weight_decay(
+            before["weight_decay"], before["wd_ts"], extension["iterations"],
+            extension["from_step"], extension["decay_rule"])
+    return decay
 
 
 def check_not_before_join(extensions: list[dict[str, Any]], step: int) -> None:
