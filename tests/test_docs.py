@@ -48,7 +48,8 @@ SHELL_PAGES = sorted({block.page for block in BLOCKS if block.is_shell and block
 # Pages whose commands take more than about 20 s here (12 trainings, a 45-run sweep planned, a
 # study's report, a corpus prepared again, the report of a study whose records grow).
 SLOW_PAGES = {"README.md", "docs/analysis.md", "docs/export.md", "docs/moe.md",
-              "docs/study-cpu.md", "docs/study-horizon.md", "docs/study-fair.md"}
+              "docs/study-cpu.md", "docs/study-horizon.md", "docs/study-fair.md",
+              "docs/study-extend.md"}
 # Repository folders that a page's scripts and commands read or run (make_synthetic_runs.py
 # imports tests/analysis/fake_runs.py; a study's report writes under docs/): copied into the
 # page's folder when its commands name docs/ or studies/.

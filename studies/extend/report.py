@@ -42,7 +42,11 @@ from study import (  # noqa: E402
 
 from danastar.analysis import multiplier, seeds  # noqa: E402
 from danastar.errors import UserError  # noqa: E402
-from danastar.hparams import decay_multiplier  # noqa: E402
+from danastar.hparams import (  # noqa: E402
+    decay_multiplier,
+    extended_coupled_weight_decay,
+    extended_weight_decay,
+)
 
 OUT = ROOT / "docs" / "study-extend"
 SUMMARY = HERE / "summary.json"
@@ -181,11 +185,32 @@ def identity(path: Path) -> dict:
     return json.loads((path / "run.json").read_text())["identity"]
 
 
-def curves(path: Path, before: dict | None = None, join: int | None = None) -> dict:
+def decay_in_effect(path: Path, base: Path | None) -> tuple[dict, int | None]:
+    """(weight_decay, wd_ts) before and after the join, and the join's step: the planned run's
+    own; an extension's from its base's by the library's rule (what `extend_optimizer` sets;
+    run.json's identity holds the values a run planned for T2 would have)."""
+    if base is None:
+        planned = identity(path)
+        values = (planned["weight_decay"], planned["wd_ts"])
+        return {"before": values, "after": values}, None
+    first = identity(base)
+    (extension,) = json.loads((path / "run.json").read_text())["extensions"]
+    wd, wd_ts = first["weight_decay"], first["wd_ts"]
+    if wd_ts is None:  # AdamW's coupled decay
+        after = (extended_coupled_weight_decay(wd, extension["from_iterations"],
+                                               extension["iterations"], extension["decay_rule"]),
+                 None)
+    else:
+        after = extended_weight_decay(wd, wd_ts, extension["iterations"],
+                                      extension["from_step"], extension["decay_rule"])
+    return {"before": (wd, wd_ts), "after": after}, extension["from_step"]
+
+
+def curves(path: Path, base: Path | None = None) -> dict:
     """A run's validation loss (8 batches; not the whole-set final one), LR factor, and the
-    share of a weight its decay removes per step, by step. `before`: the base's identity, whose
-    decay holds up to the `join`."""
-    after = identity(path)
+    share of a weight its decay removes per step, by step; for an extension, `base` is the run
+    it continues."""
+    decay, join = decay_in_effect(path, base)
     found = {"val": [], "lr": [], "decay": []}
     for m in metrics(path):
         if "val_loss" in m and not m.get("final") and m["step"] > 0:
@@ -193,12 +218,11 @@ def curves(path: Path, before: dict | None = None, join: int | None = None) -> d
         if "lr_factor" in m:
             step = m["step"]
             found["lr"].append((step, m["lr_factor"]))
-            ident = before if before is not None and step <= join else after
-            if ident["wd_ts"] is None:  # AdamW: p <- p - lr_t * lambda * p
-                removed = m["lr"] * ident["weight_decay"]
-            else:
-                removed = 1 - decay_multiplier(ident["weight_decay"], m["lr_factor"], step,
-                                               ident["wd_ts"])
+            wd, wd_ts = decay["before" if join is None or step <= join else "after"]
+            if wd_ts is None:  # AdamW: p <- p - lr_t * lambda * p
+                removed = m["lr"] * wd
+            else:  # the multiplier of the step logged as `step` (k = step, as the optimizers)
+                removed = 1 - decay_multiplier(wd, m["lr_factor"], step, wd_ts)
             found["decay"].append((step, removed))
     return found
 
@@ -219,7 +243,7 @@ def join_figure(steps: int, seed: int = 0):
             path = record(Run("extended", optimizer, seed, steps, rule, decay))
             if path is not None and base is not None:
                 lines.append((f"{rule}, decay {decay}", colours[index % len(colours)], "-",
-                              curves(path, identity(base), T1)))
+                              curves(path, base)))
         for label, color, style, found in lines:
             for row_index, key in enumerate(("val", "lr", "decay")):
                 xs, ys = zip(*found[key]) if found[key] else ((), ())
