@@ -27,6 +27,7 @@ from matplotlib import rcParams  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from study import (  # noqa: E402
     DECAY_RULES,
+    DECAY_WITH,
     EXTENDED_TO,
     FAIR_RECORDS,
     LOG_TIME_DECAY,
@@ -52,6 +53,7 @@ OUT = ROOT / "docs" / "study-extend"
 SUMMARY = HERE / "summary.json"
 BASELINE = "adamw"
 LONGER = "sh-x4-adamw-paper-steps1024/adamw-lrx0.25-s{seed}"  # AdamW's curve past 4T
+TWIN = ("reanchor", "keep")  # stretch's twin on a finished run: shown where recorded
 NAMES = {"adamw": "AdamW", "adana": "ADana", "dana-star-mk4": "Dana-Star-MK4"}
 
 
@@ -59,7 +61,7 @@ def conditions(optimizer: str) -> list[tuple[str, str]]:
     """(LR rule, decay rule) of every extension of this optimizer, in the tables' order."""
     found = [(rule, "keep") for rule in SCHEDULE_RULES]
     if optimizer in LOG_TIME_DECAY:
-        found += [("stretch", decay) for decay in DECAY_RULES]
+        found += [(DECAY_WITH, decay) for decay in DECAY_RULES]
     return found
 
 
@@ -148,8 +150,10 @@ def table(steps: int) -> tuple[list[str], list[dict]]:
             found = planned_row(optimizer, length)
             if found is not None:
                 lines.append(f"| {name} | {label} | {found.n} | {pm(found)} | | |")
-        for rule, decay in conditions(optimizer):
+        for rule, decay in conditions(optimizer) + [TWIN]:
             found = row(optimizer, steps, rule, decay)
+            if found is None and (rule, decay) == TWIN:
+                continue
             if found is None:
                 lines.append(f"| {name} | `{rule}`, decay `{decay}` | 0 | – | – | – |")
                 continue

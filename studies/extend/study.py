@@ -13,9 +13,11 @@ Dana-Star-MK4's best of Study II, the same at both). For each optimizer and seed
 
 * **base**: planned for T = 128 steps, trained to its end;
 * **extended**: a copy of the base continued by `--iterations T2 --extend RULE
-  [--extend_decay DECAY]` to T2 = 256 and 512, for the LR rules `stretch`, `reanchor` and
-  `rewarm` (with the decay kept) and, for the DANA optimizers, the decay rules `reanchor` and
-  `planned` (with the LR stretched);
+  [--extend_decay DECAY]` to T2 = 256 and 512, for the LR rules `stretch` and `rewarm` (with
+  the decay kept) and, for the DANA optimizers, the decay rules `reanchor` and `planned` (with
+  the LR rewarmed: at the floor LR of a stretched finished run the decay matters least). On a
+  finished run `reanchor` is `stretch`: both continue at the floor factor the run ended on (one
+  run, AdamW's seed 0 to 512 steps, is recorded to show it: bitwise the same losses);
 * **planned**: the same optimizer planned for T2 from the start. Where Study III has recorded
   one (AdamW and ADana at 512 steps, AdamW at 256: the same settings; they evaluate every 32
   steps, which does not change a run's training), it is read from there; the others are trained
@@ -54,8 +56,9 @@ LR = {  # the LR tuned at both T and 4T (see the docstring)
     "dana-star-mk4": 0.0025307231651477843,
 }
 OPTIMIZERS = tuple(LR)
-SCHEDULE_RULES = ("stretch", "reanchor", "rewarm")
+SCHEDULE_RULES = ("stretch", "rewarm")  # reanchor: stretch's twin on a finished run (above)
 DECAY_RULES = ("reanchor", "planned")  # beside `keep`, for the optimizers with log-time decay
+DECAY_WITH = "rewarm"  # the LR rule the decay rules run with
 LOG_TIME_DECAY = ("adana", "dana-star-mk4")
 # Study III's runs of the same settings: (optimizer, steps) -> the record folders that hold them
 # (seed 0 of 4x sits in its LR sweep, the other seeds in its seeds sweep)
@@ -118,7 +121,7 @@ def queue() -> list[Run]:
                 runs += [Run("extended", optimizer, seed, steps, rule, "keep")
                          for rule in SCHEDULE_RULES]
                 if optimizer in LOG_TIME_DECAY:
-                    runs += [Run("extended", optimizer, seed, steps, "stretch", decay)
+                    runs += [Run("extended", optimizer, seed, steps, DECAY_WITH, decay)
                              for decay in DECAY_RULES]
         runs += [Run("planned", o, seed, steps) for steps in EXTENDED_TO for o in OPTIMIZERS
                  if fair_record(o, steps, seed) is None]
