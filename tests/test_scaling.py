@@ -5,6 +5,7 @@ import pytest
 
 from danastar import scaling
 from danastar.models import ModelConfig, build_model
+from danastar.models.meta import build_meta_model
 from danastar.scaling import make_plan
 
 
@@ -226,8 +227,8 @@ def test_kappa_ties_go_to_the_entry_listed_first():
 def test_a_models_parameters_are_counted_once_per_configuration(monkeypatch):
     """A sweep plans the same few models for each of its runs: each is built once."""
     builds = []
-    monkeypatch.setattr(scaling, "build_model", lambda config: builds.append(config) or
-                        build_model(config))
+    monkeypatch.setattr(scaling, "build_meta_model", lambda config: builds.append(config) or
+                        build_meta_model(config))
     config = ModelConfig.from_heads("qwen3", 2, vocab_size=123, max_seq_len=48)
     first = scaling.counted_non_embedding_params(config)
     built = len(builds)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import yaml
 
-from danastar.models import ModelConfig, build_model
+from danastar.models import ModelConfig
 from danastar.models.config import (
     ARCHITECTURES,
     arch_defaults,
@@ -39,6 +39,7 @@ from danastar.models.config import (
     moe_layers,
     param_counts,
 )
+from danastar.models.meta import build_meta_model
 from danastar.optim import registry
 from danastar.optim.dana_family import DEFAULT_CLIPSNR, DEFAULT_DELTA, DEFAULT_KAPPA
 from danastar.optim.weight_decay import PAPER_OMEGA, log_time_weight_decay
@@ -99,8 +100,7 @@ def meta_model(config: ModelConfig) -> torch.nn.Module:
     key = repr(config)  # every field, nested ones too
     model = _META_MODELS.pop(key, None)
     if model is None:
-        with torch.device("meta"):
-            model = build_model(config)
+        model = build_meta_model(config)
     _META_MODELS[key] = model  # the newest last
     while len(_META_MODELS) > META_MODELS_KEPT:
         del _META_MODELS[next(iter(_META_MODELS))]

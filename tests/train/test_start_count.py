@@ -27,7 +27,7 @@ def counted(monkeypatch):
         monkeypatch.setattr(module, name, counting)
 
     wrap(config_plan, "plan_for", "plans")
-    wrap(scaling, "build_model", "meta builds")  # scaling builds only on the meta device
+    wrap(scaling, "build_meta_model", "meta builds")  # scaling builds only on the meta device
     wrap(loop, "build_model", "builds")
     return counts
 

@@ -26,8 +26,8 @@ from danastar.errors import UserError
 from danastar.export import PROVENANCE_FILE
 from danastar.export.mapping import CUSTOM, custom_config, from_hf, why_not_native
 from danastar.extras import needs_extra
-from danastar.models import build_model
 from danastar.models.config import MOE_FLAT_NAMES, ModelConfig, arch_defaults, dimensions
+from danastar.models.meta import build_meta_model
 from danastar.train.weights import non_finite
 
 WEIGHTS_FILE = "model.safetensors"
@@ -313,8 +313,8 @@ def _check_class(path: Path, architecture: str, expected: ModelConfig, settings:
 def _check_tensors(path: Path, architecture: str, expected: ModelConfig,
                    shapes: dict[str, torch.Tensor]) -> None:
     """Every tensor the run's model has, of its shape, and no other."""
-    with torch.device("meta"):
-        wanted = {name: tuple(t.shape) for name, t in build_model(expected).state_dict().items()}
+    wanted = {name: tuple(t.shape) for name, t in
+              build_meta_model(expected).state_dict().items()}
     try:
         found = {name: tuple(t.shape) for name, t in
                  from_hf(expected, architecture, shapes).items()}

@@ -34,9 +34,9 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, vocab, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        self.register_buffer("rope", rope_frequencies(config.head_dim, config.max_seq_len,
-                                                      config.rope_theta), persistent=False)
-        self.init_weights()
+        self.register_buffer("rope", self.rope_table(config), persistent=False)
+        if not self.rope.is_meta:  # a meta model has no values to set (see rope_table)
+            self.init_weights()
 
     # -- supplied by each architecture --------------------------------------------------------
 
@@ -54,6 +54,16 @@ class Transformer(nn.Module):
         raise NotImplementedError
 
     # -- initialisation -----------------------------------------------------------------------
+
+    @staticmethod
+    def rope_table(config: ModelConfig) -> torch.Tensor:
+        """The RoPE table on the default device; on the meta device (a model built for its
+        shapes), computed on the CPU and moved there: torch's meta kernels of these factory
+        ops import its compiler (torch._dynamo), two seconds at the start of a command."""
+        if torch.get_default_device().type != "meta":
+            return rope_frequencies(config.head_dim, config.max_seq_len, config.rope_theta)
+        return rope_frequencies(config.head_dim, config.max_seq_len, config.rope_theta,
+                                device=torch.device("cpu")).to("meta")
 
     @torch.no_grad()
     def init_weights(self) -> None:

@@ -37,8 +37,6 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from danastar.durable import fsync_file, out_of_space, publish_dir, sha256
 from danastar.errors import UserError
@@ -65,6 +63,19 @@ class Found:
 
 # ----------------------------------------------------------------------------------------------
 # RNG states: saved per rank so that every rank continues its own stream exactly.
+
+
+def distributed_checkpoint():
+    """torch.distributed.checkpoint and its state-dict helpers, for sharded (FSDP2) checkpoints
+    only: imported when one is saved or loaded, since importing it (DTensor, sympy) costs a
+    process 1 to 1.5 s at start, which every single-process run and command would pay."""
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415 (see above)
+    from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+        get_state_dict,
+        set_state_dict,
+    )
+
+    return dcp, get_state_dict, set_state_dict
 
 
 def rng_state() -> dict[str, Any]:
@@ -259,6 +270,7 @@ class Checkpointer:
         if staged is not None:
             self._fresh_dir(staged)
         self._barrier()
+        dcp, get_state_dict, _ = distributed_checkpoint()
         model_state, optimizer_state = get_state_dict(model, optimizer)
         dcp.save(
             {"model": model_state, "optimizer": optimizer_state},
@@ -456,6 +468,7 @@ class Checkpointer:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             return state["run_state"]
+        dcp, get_state_dict, set_state_dict = distributed_checkpoint()
         model_state, optimizer_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optimizer_state}
         dcp.load(state, checkpoint_id=str(found.path))

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 import yaml
 
 from danastar.config import load_config, make_run_plan, model_config
 from danastar.errors import UserError
-from danastar.models import build_model
 from danastar.models.config import ModelConfig
+from danastar.models.meta import build_meta_model
 from danastar.rundir import metrics
 from danastar.rundir.files import (
     CHECKPOINTS_DIR,
@@ -39,7 +38,7 @@ from danastar.rundir.files import (
     RUN_FILE,
     checkpoint_dirs,
 )
-from danastar.train.checkpoint import META_FILE, STATE_FILE, verify
+from danastar.train.checkpoint import META_FILE, STATE_FILE, distributed_checkpoint, verify
 
 
 @dataclasses.dataclass
@@ -152,10 +151,10 @@ def _read_state(checkpoint: Path, layout: str, config: ModelConfig) -> dict[str,
         state = torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
         return state["model"]
     # DCP fills tensors of the right shapes in place: the model's own, built without memory
-    with torch.device("meta"):
-        template = build_model(config).state_dict()
+    template = build_meta_model(config).state_dict()
     weights = {"model": {name: torch.empty_like(tensor, device="cpu")
                          for name, tensor in template.items()}}
+    dcp, _, _ = distributed_checkpoint()
     with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
         warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
         dcp.load(weights, checkpoint_id=str(checkpoint))

@@ -10,24 +10,16 @@ micro-step.
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import (
-    FSDPModule,
-    MixedPrecisionPolicy,
-    fully_shard,
-    register_fsdp_forward_method,
-)
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from danastar.errors import UserError
-from danastar.models.expert_parallel import apply_expert_parallel as shard_experts
-from danastar.models.parallelize import apply_activation_checkpointing, apply_tensor_parallel
 from danastar.train.parallel import SHARDED_BACKENDS, Distributed
 
 
@@ -42,12 +34,20 @@ def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
     """TP → EP → activation checkpointing → compile → FSDP2/DDP, as the configuration asks."""
     if env.ep_size > 1:
         apply_expert_parallel(model, env)
+    # FSDP2, DTensor and the parallel plans are imported where a layout uses them: importing
+    # them costs a process about a second at start, which a one-process run need not pay.
     if config.parallel.tp_size > 1:
+        from danastar.models.parallelize import apply_tensor_parallel  # noqa: PLC0415 (above)
+
         try:
             apply_tensor_parallel(model, env.mesh["tp"])
         except ValueError as error:
             raise UserError(f"{error}.") from None
     if config.parallel.activation_checkpointing:
+        from danastar.models.parallelize import (  # noqa: PLC0415 (above)
+            apply_activation_checkpointing,
+        )
+
         apply_activation_checkpointing(model, config.parallel.activation_checkpointing)
     if config.train.compile:
         for block in model.blocks:  # per block: FSDP2 then wraps compiled blocks unchanged
@@ -72,7 +72,15 @@ def parallelize(model: nn.Module, config, env: Distributed) -> nn.Module:
 
 def is_expert_shard(param: torch.Tensor) -> bool:
     """A parameter sharded over the `ep` mesh (FSDP2's are on `dp`, TP's on `tp`)."""
-    return isinstance(param, DTensor) and param.device_mesh.mesh_dim_names == ("ep",)
+    return is_instance_of_loaded(param, "torch.distributed.tensor", "DTensor") and \
+        param.device_mesh.mesh_dim_names == ("ep",)
+
+
+def is_instance_of_loaded(value, module: str, name: str) -> bool:
+    """isinstance(value, module.name), where a module that is not imported yet (this process
+    made no DTensor or FSDP2 module) has no instance to find."""
+    loaded = sys.modules.get(module)
+    return loaded is not None and isinstance(value, getattr(loaded, name))
 
 
 def apply_expert_parallel(model: nn.Module, env: Distributed) -> None:
@@ -84,6 +92,10 @@ def apply_expert_parallel(model: nn.Module, env: Distributed) -> None:
     holds every expert whole whatever the ep size (saved with DCP by every rank, as under FSDP2,
     since one rank alone cannot write the experts it does not hold).
     """
+    from danastar.models.expert_parallel import (  # noqa: PLC0415 (as in parallelize)
+        apply_expert_parallel as shard_experts,
+    )
+
     moe = getattr(model.config, "moe", None)
     capacity = moe.expert_capacity_factor if moe else 0.0
     names = shard_experts(model, env.mesh["ep"], capacity)
@@ -120,6 +132,12 @@ class ExpertGradients:
 
 def apply_fsdp(model: nn.Module, config, env: Distributed) -> nn.Module:
     """fully_shard each block, then the root; fp32 parameters, bf16 gradient reduction on GPU."""
+    from torch.distributed.fsdp import (  # noqa: PLC0415 (as in parallelize)
+        MixedPrecisionPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
+
     reduce = config.parallel.reduce_dtype
     if reduce == "auto":
         reduce = "bf16" if env.device.type == "cuda" else "fp32"
@@ -154,7 +172,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 @contextlib.contextmanager
 def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
     """Skip the gradient all-reduce on inner accumulation micro-steps (DDP no_sync / FSDP2)."""
-    if isinstance(model, FSDPModule):
+    if is_instance_of_loaded(model, "torch.distributed.fsdp", "FSDPModule"):
         model.set_requires_gradient_sync(sync)
         yield
     elif isinstance(model, DistributedDataParallel) and not sync:
