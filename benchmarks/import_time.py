@@ -8,7 +8,9 @@ all alike), and reads the operating system's accounting of the finished child: C
 plus system), wall seconds and peak resident memory. The candidates: `import torch` (the floor),
 `import danastar.optim` (what a user of the optimizers pays), and the same followed by
 `import torch.distributed.tensor` (what it paid while the optimizers imported DTensor eagerly;
-now only a sharded model does). Reported: the median per candidate and its ratio to the floor's
+now only a sharded model does), and the training loop's import plus a run's plan, without and
+with torch's compiler (what planning imported until its meta model stopped initialising
+itself). Reported: the median per candidate and its ratio to the floor's
 median. Writes ``benchmarks/results/import_time.json`` and prints a markdown table.
 """
 
@@ -28,11 +30,18 @@ import torch
 
 from optim_step import machine_description
 
+# What every `danastar train` process (and its dry run, a refusal, a sweep's plan) does before
+# it builds an optimizer: import the loop, plan the run (a meta model counts its parameters).
+# The last candidate adds what planning paid while the meta model imported torch's compiler.
+PLAN = ("import danastar.train.loop; from danastar.scaling import make_plan; "
+        "make_plan('enoki', 'adana', heads=2)")
 CANDIDATES = {
     "import torch": "import torch",
     "import danastar.optim": "import danastar.optim",
     "danastar.optim + torch.distributed.tensor":
         "import danastar.optim, torch.distributed.tensor",
+    "the training loop + a run's plan": PLAN,
+    "the training loop + a run's plan + torch._dynamo": PLAN + "; import torch._dynamo",
 }
 FLOOR = "import torch"
 
