@@ -45,10 +45,19 @@ LONG_TESTS = {
     "tests/train/test_run_identity.py::test_the_process_count_may_change_when_the_global_batch_"
     "is_the_same": "test_a_refusal_under_nproc_is_said_once_and_every_process_exits_2",
     # -- layouts and parallelism ------------------------------------------------------------------
-    "tests/train/test_distributed.py::test_two_processes_match_one[layout2": "layouts 0 and 1 "
-    "(DDP, FSDP); tests/optim/test_optim_fsdp.py's every optimizer in every layout",
-    "tests/train/test_distributed.py::test_two_processes_match_one[layout3": "layouts 0 and 1; "
+    "tests/train/test_distributed.py::test_two_processes_match_one[layout2": "layout 0 (DDP); "
+    "tests/optim/test_optim_fsdp.py's every optimizer in every layout",
+    "tests/train/test_distributed.py::test_two_processes_match_one[layout3": "layout 0; "
     "tests/optim/test_optim_fsdp.py (HSDP)",
+    "tests/train/test_distributed.py::test_two_processes_match_one[layout1": "layout 0 (DDP); "
+    "test_resume.py::test_fsdp_resume_matches_within_rounding (FSDP trained and resumed); "
+    "tests/optim/test_optim_fsdp.py",
+    "tests/train/test_distributed.py::test_nproc_flag_launches_torchrun_itself":
+        "tests/train/test_start_decision.py's `--nproc 2` run",
+    "tests/train/test_loop.py::test_compiled_blocks_train_like_eager":
+        "tests/models/test_compile_autocast.py::test_compiled_blocks_agree_with_eager",
+    "tests/train/test_resume.py::test_no_auto_resume_starts_afresh": "tests/train/test_history.py"
+    "::test_no_auto_resume_moves_the_old_run_aside_and_the_next_start_resumes_the_new_one",
     "tests/train/test_distributed.py::test_tensor_parallel_with_fsdp_matches_one_process":
         "tests/models/test_parallelize.py::test_tensor_parallel_matches_one_process",
     "tests/optim/test_muon_sharded.py::test_four_processes_fsdp2_and_tp_with_fsdp2_on_2x2_match_"
@@ -56,7 +65,8 @@ LONG_TESTS = {
     "tests/train/test_expert_parallel.py::test_training_with_ep_size_2_equals_ddp_and_resumes":
         "test_expert_parallel_on_two_processes",
     "tests/train/test_moe_train.py::test_fsdp_over_two_processes_matches_one":
-        "test_distributed.py's FSDP layout; test_expert_parallel_on_two_processes",
+        "test_resume.py::test_fsdp_resume_matches_within_rounding; "
+        "test_expert_parallel_on_two_processes",
     "tests/train/test_moe_train.py::test_trains_logs_its_routing_and_resumes_exactly_in_a_fresh_"
     "process[qwen3next": "the enoki-moe case",
     "tests/train/test_moe_train.py::test_trains_logs_its_routing_and_resumes_exactly_in_a_fresh_"
@@ -77,7 +87,11 @@ LONG_TESTS = {
     "tests/launch/test_slurm_jobs.py::test_a_dependency_chain_continues_through_presubmitted_"
     "successors": "test_submit.py::test_dependency_chain_and_torchrun_launch_render",
     "tests/launch/test_slurm_jobs.py::test_torchrun_per_node_trains_as_two_torchrun_workers":
-        "test_a_two_node_job_trains_as_two_torchrun_workers",
+        "test_a_job_array_from_a_sweep_file_trains_each_run_in_its_own_directory; "
+        "tests/train/test_distributed.py's torchrun layouts",
+    "tests/launch/test_slurm_jobs.py::test_a_two_node_job_trains_as_two_torchrun_workers":
+        "test_a_job_array_from_a_sweep_file_trains_each_run_in_its_own_directory; "
+        "tests/launch/test_env.py's node lists and ranks",
     "tests/launch/test_mpirun.py::test_two_mpirun_ranks_train_as_two_torchrun_workers":
         "tests/launch/test_env.py's reading of each launcher's environment",
     "tests/launch/test_sweep.py::test_an_edited_sweep_trains_on_where_the_schedule_allows_and_"
@@ -101,7 +115,8 @@ LONG_TESTS = {
     "tests/export/test_eval_command.py::test_an_unknown_task_is_one_sentence_with_the_near_names":
         "test_a_run_without_tokenizer_is_refused",
     "tests/export/test_init_from.py::test_every_fsdp_rank_starts_from_the_export":
-        "test_a_run_from_an_export_starts_with_the_exported_weights; test_distributed.py's FSDP",
+        "test_a_run_from_an_export_starts_with_the_exported_weights; "
+        "test_resume.py::test_fsdp_resume_matches_within_rounding",
     "tests/train/test_extend.py::test_a_stopped_run_reanchored_keeps_its_warm_up_and_reanchors_"
     "its_decay": "tests/optim/test_extension.py (the rules by hand in float64); "
                  "test_a_finished_run_extended_to_twice_its_steps_completes_and_resumes_bitwise",
