@@ -302,7 +302,7 @@ def test_an_edited_sweep_trains_on_where_the_schedule_allows_and_else_is_refused
         "at the steps already taken depends on the total; none and powerlaw never do)); to keep "
         "those runs, give the changed sweep file another name (its name: key) or another "
         "--runs_root, or undo the change to go on with them (--no_auto_resume moves them aside "
-        "and trains them afresh), or pass --extend stretch (or reanchor, rewarm) to continue "
+        "and trains them afresh), or pass --extend rewarm (or stretch, reanchor) to continue "
         "them to the longer train.iterations."]
     assert {path: path.read_bytes() for path in root.rglob("*") if path.is_file()} == before
 
