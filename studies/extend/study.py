@@ -111,8 +111,8 @@ def fair_record(optimizer: str, steps: int, seed: int) -> Path | None:
 
 
 def queue() -> list[Run]:
-    """Every run the study trains, in order: seed by seed, the bases, then the extensions to
-    4T and 2T, then the planned runs that Study III has not recorded."""
+    """Every run the study trains, in order: seed by seed, the bases, then for 4T and then 2T
+    the extensions and the planned runs that Study III has not recorded."""
     runs = []
     for seed in SEEDS:
         runs += [Run("base", o, seed, T1) for o in OPTIMIZERS]
@@ -123,8 +123,8 @@ def queue() -> list[Run]:
                 if optimizer in LOG_TIME_DECAY:
                     runs += [Run("extended", optimizer, seed, steps, DECAY_WITH, decay)
                              for decay in DECAY_RULES]
-        runs += [Run("planned", o, seed, steps) for steps in EXTENDED_TO for o in OPTIMIZERS
-                 if fair_record(o, steps, seed) is None]
+            runs += [Run("planned", o, seed, steps) for o in OPTIMIZERS
+                     if fair_record(o, steps, seed) is None]
     return runs
 
 
