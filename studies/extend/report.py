@@ -260,8 +260,9 @@ def join_figure(steps: int, seed: int = 0):
         axes[2][column].set_xlabel("step")
         if lines:
             axes[0][column].legend(fontsize=7, loc="upper right")
-            low = min(v for _, _, _, f in lines for _, v in f["val"] if f["val"])
-            axes[0][column].set_ylim(low - 0.05, low + 1.0)
+            # from half the base's steps on: the join and the rise a rewarm makes after it
+            shown = [v for _, _, _, f in lines for step, v in f["val"] if step >= T1 // 2]
+            axes[0][column].set_ylim(min(shown) - 0.05, max(shown) + 0.05)
     if not drawn:
         raise UserError(f"no run of seed {seed} extended to {steps} steps is recorded yet")
     axes[0][0].set_ylabel("validation loss (8 batches)")
