@@ -132,7 +132,7 @@ LONG_TESTS = {
     "tests/test_docs.py::test_page_commands[docs/study-fair.md]": "the study's records",
     "tests/test_docs.py::test_page_commands[docs/study-horizon.md]": "the study's records",
     "tests/test_docs.py::test_python_block[docs/models.md:10]": "tests/models",
-    "tests/test_docs.py::test_python_block[README.md:125]": "tests/integrations/test_plain_loop.py",
+    "tests/test_docs.py::test_python_block[README.md:126]": "tests/integrations/test_plain_loop.py",
 }
 
 

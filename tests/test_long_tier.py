@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from doc_blocks import parse
+
 from long_tier import LONG_TESTS, is_long
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,3 +31,17 @@ def test_a_key_ending_inside_brackets_marks_each_case_it_starts():
     assert is_long(key + ": 0.85 → 0.9]")
     assert not is_long(key.split("[")[0] + "[flags0-lr: 0.003 → 0.001]")
     assert not is_long("tests/test_docs.py::test_page_commands[docs/training.md]")
+
+
+@pytest.mark.parametrize("key", sorted(k for k in LONG_TESTS if k.startswith("tests/test_docs.py")))
+def test_every_docs_key_names_a_page_or_block_that_is_there(key):
+    """A docs block's id holds its line: a line added above it would leave the key marking
+    nothing."""
+    case = key.split("[", 1)[1].rstrip("]")
+    if "::test_python_block[" in key:
+        page, line = case.rsplit(":", 1)
+        blocks = parse(page)[0]
+        assert any(b.line == int(line) and b.language == "python" for b in blocks), \
+            f"{key}: no python block opens at {page}:{line}"
+    else:
+        assert (ROOT / case).is_file(), key
