@@ -16,6 +16,8 @@ LONG_TESTS = {
         "the same without DDP; test_distributed.py's DDP layout",
     "tests/train/test_resume.py::test_fsdp_checkpoints_staged_on_slurm_tmpdir_are_published_"
     "complete_and_resume": "test_fsdp_resume_matches_within_rounding",
+    "tests/train/test_resume.py::test_iterations_to_run_stops_cleanly_and_the_chain_continues":
+        "test_stop_file.py's exact resume; test_kill_9_then_auto_resume_is_bitwise_identical",
     "tests/train/test_resume.py::test_sigusr1_to_the_nproc_launcher_reaches_every_worker":
         "test_sigterm_saves_a_loadable_checkpoint_and_exits_with_the_preemption_code",
     "tests/train/test_stop_file.py::test_nproc_reports_75_while_work_remains_and_0_when_complete":
@@ -83,7 +85,7 @@ LONG_TESTS = {
     "resume_exactly": "test_a_job_array_from_a_sweep_file_trains_each_run_in_its_own_directory; "
                       "the SIGUSR1 and requeue code is tested without SLURM in tests/train",
     "tests/launch/test_slurm_jobs.py::test_a_chain_of_three_segments_requeues_the_same_job_and_"
-    "equals_an_uninterrupted_run": "test_iterations_to_run_stops_cleanly_and_the_chain_continues",
+    "equals_an_uninterrupted_run": "test_stop_file.py's exact resume of a stopped segment",
     "tests/launch/test_slurm_jobs.py::test_a_dependency_chain_continues_through_presubmitted_"
     "successors": "test_submit.py::test_dependency_chain_and_torchrun_launch_render",
     "tests/launch/test_slurm_jobs.py::test_torchrun_per_node_trains_as_two_torchrun_workers":

@@ -83,12 +83,15 @@ TORCHRUN = re.compile(r"^# run with: torchrun (--nproc_per_node \d+) (\w+\.py)\n
 
 
 @pytest.fixture(scope="session")
-def python_outcomes(tmp_path_factory) -> dict:
-    """Every plain Python block, each as a script of its own in an empty folder, all in one fresh
-    Python (torch is imported once): {name: {ok, output}}."""
+def python_outcomes(tmp_path_factory, request) -> dict:
+    """Every plain Python block that this session runs a test of (not those of the long tier
+    left out, for one), each as a script of its own in an empty folder, all in one fresh Python
+    (torch is imported once): {name: {ok, output}}."""
     folder = tmp_path_factory.mktemp("python-blocks")
+    selected = {item.callspec.id for item in request.session.items
+                if item.originalname == "test_python_block"}
     blocks = [{"name": block.name, "text": block.text}
-              for block in PYTHON if not TORCHRUN.match(block.text)]
+              for block in PYTHON if not TORCHRUN.match(block.text) and block.name in selected]
     (folder / "blocks.json").write_text(json.dumps(blocks))
     result = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("doc_blocks.py")), "--python",
