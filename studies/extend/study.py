@@ -23,8 +23,9 @@ Dana-Star-MK4's best of Study II, the same at both). For each optimizer and seed
   steps, which does not change a run's training), it is read from there; the others are trained
   here.
 
-The queue goes seed by seed (seed 0's every condition first), so a partial study already has a
-complete first seed. A run that is complete is not trained again; an unfinished one resumes.
+The queue puts the 4T headline of every seed first (the LR rules with the decay kept, against
+the planned runs), then the 4T decay rules, then the same at 2T, so a partial study already
+answers the main question with three seeds. A run that is complete is not trained again; an unfinished one resumes.
 """
 
 from __future__ import annotations
@@ -111,20 +112,18 @@ def fair_record(optimizer: str, steps: int, seed: int) -> Path | None:
 
 
 def queue() -> list[Run]:
-    """Every run the study trains, in order: seed by seed, the bases, then for 4T and then 2T
-    the extensions and the planned runs that Study III has not recorded."""
-    runs = []
-    for seed in SEEDS:
-        runs += [Run("base", o, seed, T1) for o in OPTIMIZERS]
-        for steps in EXTENDED_TO:
-            for optimizer in OPTIMIZERS:
-                runs += [Run("extended", optimizer, seed, steps, rule, "keep")
-                         for rule in SCHEDULE_RULES]
-                if optimizer in LOG_TIME_DECAY:
-                    runs += [Run("extended", optimizer, seed, steps, DECAY_WITH, decay)
-                             for decay in DECAY_RULES]
+    """Every run the study trains, in order: the 4T headline for every seed first (the bases,
+    the LR rules with the decay kept, and the planned runs Study III has not recorded), then
+    the 4T decay rules for every seed, then the same two stages at 2T."""
+    runs = [Run("base", o, seed, T1) for seed in SEEDS for o in OPTIMIZERS]
+    for steps in EXTENDED_TO:
+        for seed in SEEDS:
+            runs += [Run("extended", o, seed, steps, rule, "keep")
+                     for o in OPTIMIZERS for rule in SCHEDULE_RULES]
             runs += [Run("planned", o, seed, steps) for o in OPTIMIZERS
                      if fair_record(o, steps, seed) is None]
+        runs += [Run("extended", o, seed, steps, DECAY_WITH, decay)
+                 for seed in SEEDS for o in LOG_TIME_DECAY for decay in DECAY_RULES]
     return runs
 
 
