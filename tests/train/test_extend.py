@@ -219,3 +219,43 @@ def test_a_resume_from_before_the_join_is_refused_naming_the_checkpoint_to_put_b
            "step 6" in message, message
     assert "put a checkpoint from step 6 or later back" in message, message
     assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+def test_adamw_takes_a_planned_runs_coupled_decay_and_refuses_to_reanchor_it(tmp_path, capsys):
+    """AdamW's coupled λ = ω/(γ·T) has no time scale: `--extend_decay reanchor` is refused,
+    naming keep and planned; `planned` holds λ·T1/T2 from the join on (recorded in run.json,
+    held again, not scaled twice, by a resume after the join); a --weight_decay given is a
+    constant that no rule changes."""
+    run_dir = str(tmp_path / "run")
+
+    def train(*argv, directory=run_dir):
+        code = danastar_main(["train", *TINY, "--opt", "adamw", "--run_dir", directory, *argv])
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    def held_decay(step):
+        state = torch.load(tmp_path / "run" / "checkpoints" / f"latest-{step:08d}" / "state.pt",
+                           map_location="cpu", weights_only=False)
+        return {g["weight_decay"] for g in state["optimizer"]["param_groups"]} - {0}
+
+    assert train("--iterations", "6")[0] == 0
+    (planned_for_t1,) = held_decay(6)
+    code, said = train("--iterations", "12", "--extend", "rewarm", "--extend_decay", "reanchor")
+    assert code == 2 and len(said.strip().splitlines()) == 1, said
+    assert "adamw's coupled decay ω/(γ·T) has none; use --extend_decay keep" in said, said
+    extend = ["--iterations", "12", "--extend", "rewarm", "--extend_decay", "planned"]
+    code, said = train(*extend, "--iterations_to_run", "2")
+    assert code == 75, said
+    (held,) = held_decay(8)
+    assert held == pytest.approx(planned_for_t1 * 6 / 12, rel=1e-15)
+    (extension,) = extensions(tmp_path / "run")
+    assert (extension["weight_decay"], extension["wd_ts"]) == (held, None)
+    identity = json.loads((tmp_path / "run" / "run.json").read_text())["identity"]
+    assert identity["weight_decay"] == pytest.approx(extension["weight_decay"], rel=1e-12)
+    assert train(*extend)[0] == 0
+    assert held_decay(12) == held_decay(8)
+
+    given = str(tmp_path / "given")
+    assert train("--iterations", "6", "optim.weight_decay=0.1", directory=given)[0] == 0
+    code, said = train(*extend, "optim.weight_decay=0.1", directory=given)
+    assert code == 2 and "adamw's is a constant (given by optim.weight_decay)" in said, said

@@ -220,8 +220,8 @@ FLAGS: dict[str, tuple[str, type, str]] = {
     "extend": ("optim.extend", str, "continue a stopped or finished run to a longer --iterations "
                "by this LR-schedule rule: stretch | reanchor | rewarm (none: refused where the "
                "schedule's past depends on the total)"),
-    "extend_decay": ("optim.extend_decay", str, "with --extend, the log-time weight decay's "
-                     "rule: keep | reanchor | planned (keep)"),
+    "extend_decay": ("optim.extend_decay", str, "with --extend, the weight decay's rule: "
+                     "keep | reanchor (a log-time decay) | planned (keep)"),
     "iterations_to_run": (
         "train.iterations_to_run",
         int,

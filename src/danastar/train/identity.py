@@ -45,9 +45,10 @@ from danastar.config import (
 )
 from danastar.durable import write_atomic
 from danastar.errors import UserError
-from danastar.hparams import extended_weight_decay
+from danastar.hparams import extended_coupled_weight_decay, extended_weight_decay
 from danastar.optim import get_schedule
 from danastar.optim.extension import has_log_time_decay
+from danastar.optim.registry import weight_decay_style
 from danastar.rundir.files import (
     CHECKPOINTS_DIR,
     RUN_FILE,
@@ -316,15 +317,19 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
 
 
 def decay_in_effect(before: dict[str, Any], extension: dict[str, Any]) -> dict[str, Any]:
-    """The weight decay the optimizer holds from the join on (what `extend_optimizer` sets,
-    recorded with the extension: the identity holds what a run planned for the new total would
-    have), from the one it held `before`: a log-time decay by the extension's rule, any other
-    kept."""
+    """The weight decay the optimizer holds from the join on (what `extend_run` sets, recorded
+    with the extension: the identity holds what a run planned for the new total would have),
+    from the one it held `before`: a log-time decay by the extension's rule, a coupled one
+    (AdamW's ω/(γ·T)) scaled by T1/T2 under `planned`, any other kept."""
     decay = {"weight_decay": before["weight_decay"], "wd_ts": before["wd_ts"]}
     if has_log_time_decay(before):
         decay["weight_decay"], decay["wd_ts"] = extended_weight_decay(
             before["weight_decay"], before["wd_ts"], extension["iterations"],
             extension["from_step"], extension["decay_rule"])
+    elif extension["decay_rule"] == "planned" and before["weight_decay"]:
+        decay["weight_decay"] = extended_coupled_weight_decay(
+            before["weight_decay"], extension["from_iterations"], extension["iterations"],
+            "planned")
     return decay
 
 
@@ -372,11 +377,21 @@ def check_extension_rules(extensions: list[dict[str, Any]], recorded: dict[str, 
         raise UserError(f"--extend {extension['schedule_rule']} cannot continue this run from "
                         f"step {extension['from_step']} to {extension['iterations']} steps: "
                         f"{why}.") from None
-    if extension["decay_rule"] != "keep" and recorded.get("wd_ts") is None and \
-            recorded.get("weight_decay"):
-        raise UserError(f"--extend_decay {extension['decay_rule']} re-anchors a log-time weight "
-                        f"decay (wd_ts), which {recorded.get('opt')} does not have; use "
-                        f"--extend_decay keep (its weight decay as it is).")
+    rule = extension["decay_rule"]
+    if rule == "keep" or recorded.get("wd_ts") is not None or not recorded.get("weight_decay"):
+        return
+    if weight_decay_style(recorded.get("opt", "")) == "coupled" and \
+            config.optim.weight_decay is None:
+        if rule == "reanchor":
+            raise UserError(f"--extend_decay reanchor re-anchors a log-time weight decay's time "
+                            f"scale (wd_ts), and {recorded['opt']}'s coupled decay ω/(γ·T) has "
+                            f"none; use --extend_decay keep (its decay as it is) or planned (a "
+                            f"run planned for the new total's, λ·T1/T2).")
+        return
+    given = " (given by optim.weight_decay)" if config.optim.weight_decay is not None else ""
+    raise UserError(f"--extend_decay {rule} changes a weight decay planned from the run's "
+                    f"length, and {recorded.get('opt')}'s is a constant{given}; use "
+                    f"--extend_decay keep (its weight decay as it is).")
 
 
 def show(value: Any) -> str:

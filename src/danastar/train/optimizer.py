@@ -50,6 +50,21 @@ def extended_run_schedule(config: TrainConfig, extensions: list[dict]):
     return schedule
 
 
+def coupled_decay_planned(extension: dict) -> bool:
+    """Whether the extension takes a planned run's coupled decay (AdamW's ω/(γ·T), which the
+    identity checked): the library's `extend_optimizer` changes log-time decays only."""
+    return (extension["decay_rule"] == "planned" and extension.get("wd_ts") is None
+            and bool(extension.get("weight_decay")))
+
+
+def hold_weight_decay(optimizer, weight_decay: float) -> None:
+    """Every decaying param group of `optimizer` to `weight_decay`, the value the extension
+    recorded (set, not scaled: a checkpoint saved after the join holds it already)."""
+    for group in optimizer.param_groups:
+        if group.get("weight_decay"):
+            group["weight_decay"] = weight_decay
+
+
 def extend_run(optimizer, config: TrainConfig, extensions: list[dict]):
     """Continue the optimizer (its checkpoint loaded) by the newest of `extensions` and the LR
     schedule by all of them; returns the schedule. The optimizer's side changes nothing when
@@ -57,8 +72,11 @@ def extend_run(optimizer, config: TrainConfig, extensions: list[dict]):
     the checkpoints of an earlier extension hold its decay)."""
     extension = extensions[-1]
     try:
-        extend_optimizer(optimizer, extension["iterations"], from_step=extension["from_step"],
-                         decay_rule=extension["decay_rule"])
+        if coupled_decay_planned(extension):
+            hold_weight_decay(optimizer, extension["weight_decay"])
+        else:
+            extend_optimizer(optimizer, extension["iterations"],
+                             from_step=extension["from_step"], decay_rule=extension["decay_rule"])
         return extended_run_schedule(config, extensions)
     except ValueError as error:
         raise UserError(f"--extend {extension['schedule_rule']} --extend_decay "
