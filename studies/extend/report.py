@@ -30,7 +30,6 @@ from study import (  # noqa: E402
     DECAY_WITH,
     EXTENDED_TO,
     FAIR_RECORDS,
-    LOG_TIME_DECAY,
     OPTIMIZERS,
     RECORDS,
     SCHEDULE_RULES,
@@ -59,10 +58,8 @@ NAMES = {"adamw": "AdamW", "adana": "ADana", "dana-star-mk4": "Dana-Star-MK4"}
 
 def conditions(optimizer: str) -> list[tuple[str, str]]:
     """(LR rule, decay rule) of every extension of this optimizer, in the tables' order."""
-    found = [(rule, "keep") for rule in SCHEDULE_RULES]
-    if optimizer in LOG_TIME_DECAY:
-        found += [(DECAY_WITH, decay) for decay in DECAY_RULES]
-    return found
+    return ([(rule, "keep") for rule in SCHEDULE_RULES]
+            + [(DECAY_WITH, decay) for decay in DECAY_RULES[optimizer]])
 
 
 def record(run: Run) -> Path | None:

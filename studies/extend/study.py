@@ -14,8 +14,9 @@ Dana-Star-MK4's best of Study II, the same at both). For each optimizer and seed
 * **base**: planned for T = 128 steps, trained to its end;
 * **extended**: a copy of the base continued by `--iterations T2 --extend RULE
   [--extend_decay DECAY]` to T2 = 256 and 512, for the LR rules `stretch` and `rewarm` (with
-  the decay kept) and, for the DANA optimizers, the decay rules `reanchor` and `planned` (with
-  the LR rewarmed: at the floor LR of a stretched finished run the decay matters least). On a
+  the decay kept) and, with the LR rewarmed (at the floor LR of a stretched finished run the
+  decay matters least), the other decay rules: for the DANA optimizers `reanchor` and
+  `planned`, for AdamW `planned` (its coupled λ·T1/T2; it has no time scale to re-anchor). On a
   finished run `reanchor` is `stretch`: both continue at the floor factor the run ended on (one
   run, AdamW's seed 0 to 512 steps, is recorded to show it: bitwise the same losses);
 * **planned**: the same optimizer planned for T2 from the start. Where Study III has recorded
@@ -58,9 +59,11 @@ LR = {  # the LR tuned at both T and 4T (see the docstring)
 }
 OPTIMIZERS = tuple(LR)
 SCHEDULE_RULES = ("stretch", "rewarm")  # reanchor: stretch's twin on a finished run (above)
-DECAY_RULES = ("reanchor", "planned")  # beside `keep`, for the optimizers with log-time decay
+# beside `keep`: a log-time decay's two other rules; AdamW's coupled λ has no time scale to
+# re-anchor, so only the planned run's λ·T1/T2
+DECAY_RULES = {"adamw": ("planned",), "adana": ("reanchor", "planned"),
+               "dana-star-mk4": ("reanchor", "planned")}
 DECAY_WITH = "rewarm"  # the LR rule the decay rules run with
-LOG_TIME_DECAY = ("adana", "dana-star-mk4")
 # Study III's runs of the same settings: (optimizer, steps) -> the record folders that hold them
 # (seed 0 of 4x sits in its LR sweep, the other seeds in its seeds sweep)
 FAIR_PLANNED = {("adamw", 512): ("sh-x4-adamw-lr", "sh-x4-adamw-seeds"),
@@ -123,7 +126,7 @@ def queue() -> list[Run]:
             runs += [Run("planned", o, seed, steps) for o in OPTIMIZERS
                      if fair_record(o, steps, seed) is None]
         runs += [Run("extended", o, seed, steps, DECAY_WITH, decay)
-                 for seed in SEEDS for o in LOG_TIME_DECAY for decay in DECAY_RULES]
+                 for seed in SEEDS for o in OPTIMIZERS for decay in DECAY_RULES[o]]
     return runs
 
 
