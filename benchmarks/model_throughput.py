@@ -10,11 +10,12 @@ alternating order) so that a shared, noisy machine slows both alike; the medians
     python benchmarks/model_throughput.py                      # CPU-sized models, fp32
     python benchmarks/model_throughput.py --device cuda        # 124M-class, bf16 + compile
     python benchmarks/model_throughput.py --device cuda --batch 32 --seq_len 2048 --models enoki:12
+    python benchmarks/model_throughput.py --evaluation         # forward alone, under no_grad
 
 On CUDA the optimizer step (ADana, compiled) is timed as well, so that forward + backward can be
 compared with the whole update, and the peak memory of the measured steps is reported.
 
-Writes benchmarks/results/model_throughput-<device>.json.
+Writes benchmarks/results/model_throughput-<device>[-evaluation].json.
 """
 
 from __future__ import annotations
@@ -152,14 +153,17 @@ def copy_weights(plain: PlainGPT, ours: nn.Module) -> None:
 # -- measurement -------------------------------------------------------------------------------
 
 
-def step_seconds(model, idx, targets, autocast, danastar_api: bool) -> tuple[float, float]:
-    """Wall time and process CPU time of one forward + backward. On a shared CPU the CPU time
-    is the steadier measure: waiting for a core does not count."""
+def step_seconds(model, idx, targets, autocast, danastar_api: bool, evaluation: bool
+                 ) -> tuple[float, float]:
+    """Wall time and process CPU time of one forward + backward (`evaluation`: one forward
+    under no_grad, as a validation batch). On a shared CPU the CPU time is the steadier
+    measure: waiting for a core does not count."""
     synchronize(idx.device)
     start, start_cpu = time.perf_counter(), time.process_time()
-    with autocast:
+    with autocast, torch.set_grad_enabled(not evaluation):
         out = model(idx, targets)
-    (out.loss if danastar_api else out).backward()
+    if not evaluation:
+        (out.loss if danastar_api else out).backward()
     synchronize(idx.device)
     return time.perf_counter() - start, time.process_time() - start_cpu
 
@@ -194,7 +198,7 @@ def optimizer_step_seconds(model: nn.Module, steps: int) -> float:
 
 
 def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: torch.device,
-            bf16: bool, compile_: bool) -> dict:
+            bf16: bool, compile_: bool, evaluation: bool = False) -> dict:
     torch.manual_seed(0)
     ours = build_model(config).to(device)
     plain = PlainGPT(config).to(device)
@@ -217,7 +221,8 @@ def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: to
     for i in range(warmup + steps):  # alternate (ABBA...), so machine noise hits both alike
         for name, model in (pair if i % 2 == 0 else pair[::-1]):
             model.zero_grad(set_to_none=True)
-            seconds, cpu_seconds = step_seconds(model, idx, targets, autocast, name == "danastar")
+            seconds, cpu_seconds = step_seconds(model, idx, targets, autocast, name == "danastar",
+                                                evaluation)
             if i >= warmup:
                 times[name].append(seconds)
                 cpu_times[name].append(cpu_seconds)
@@ -233,9 +238,10 @@ def measure(config: ModelConfig, batch: int, steps: int, warmup: int, device: to
             "tokens_per_s": tokens / median,
             "median_cpu_s": statistics.median(cpu_times[name]),
             "tokens_per_cpu_s": tokens / statistics.median(cpu_times[name]),
-            "mfu": flops_per_token * tokens / median / peak if peak else None,
+            # (flops_per_token counts forward + backward: no MFU for a forward alone)
+            "mfu": flops_per_token * tokens / median / peak if peak and not evaluation else None,
         }
-    if device.type == "cuda":
+    if device.type == "cuda" and not evaluation:
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         optimizer_s = optimizer_step_seconds(ours, steps)
         forward_backward_s = result["danastar"]["median_step_s"]
@@ -261,6 +267,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--evaluation", action="store_true",
+                        help="time a forward under no_grad (a validation batch) instead")
     parser.add_argument("--output", default=None, help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -281,7 +289,8 @@ def main() -> None:
     for arch, heads, vocab_size, overrides in setups:
         config = ModelConfig.from_heads(arch, heads, vocab_size=vocab_size, max_seq_len=seq_len,
                                         **overrides)
-        result = measure(config, batch, steps, args.warmup, device, bf16=gpu, compile_=gpu)
+        result = measure(config, batch, steps, args.warmup, device, bf16=gpu, compile_=gpu,
+                         evaluation=args.evaluation)
         result.update(arch=arch, heads=heads)
         results.append(result)
         print(f"{arch} h{heads} V {vocab_size} ({result['params'] / 1e6:.1f}M): danastar "
@@ -289,7 +298,7 @@ def main() -> None:
               f"{result['nanogpt_style']['tokens_per_s']:,.0f} tok/s, ratio "
               f"{result['speedup']:.3f} "
               f"(per CPU-second {result['cpu_time_speedup']:.3f})", flush=True)
-        if gpu:
+        if gpu and not args.evaluation:
             print(f"    MFU danastar {result['danastar']['mfu']:.3f}, nanoGPT-style "
                   f"{result['nanogpt_style']['mfu']:.3f}; with the ADana step "
                   f"({result['optimizer_step_s'] * 1e3:.2f} ms) "
@@ -301,8 +310,11 @@ def main() -> None:
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": args.device, "machine": machine, "torch": torch.__version__,
               "precision": "bf16 autocast + torch.compile" if gpu else "fp32 eager",
-              "batch": batch, "seq_len": seq_len, "steps": steps, "results": results}
-    default = Path(__file__).parent / "results" / f"model_throughput-{device.type}.json"
+              "batch": batch, "seq_len": seq_len, "steps": steps,
+              "measured": "forward under no_grad" if args.evaluation else "forward + backward",
+              "results": results}
+    name = f"model_throughput-{device.type}{'-evaluation' * args.evaluation}.json"
+    default = Path(__file__).parent / "results" / name
     path = Path(args.output or default)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")

@@ -67,8 +67,11 @@ def compiled_chunk_terms():
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                z_loss: float, chunk_rows: int, compute_dtype: torch.dtype, compiled: bool):
-        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+                z_loss: float, chunk_rows: int, compute_dtype: torch.dtype, compiled: bool,
+                grad_enabled: bool):
+        # `needs_input_grad` says only whether an input requires grad, also under no_grad (an
+        # evaluation), where computing the gradients would double the work for nothing
+        need_grad = grad_enabled and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
         head = weight.to(compute_dtype)
         valid = targets != IGNORE_INDEX
         n_valid = valid.sum().clamp(min=1).float()
@@ -102,7 +105,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss, grad_ce, grad_z):
         grad_hidden, grad_weight = ctx.saved_tensors
         return (grad_hidden * grad_loss.to(grad_hidden.dtype),
-                (grad_weight * grad_loss).to(ctx.weight_dtype), None, None, None, None, None)
+                (grad_weight * grad_loss).to(ctx.weight_dtype), None, None, None, None, None,
+                None)
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -122,5 +126,5 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     with torch.autocast(device_type, enabled=False):
         loss, ce, z = _ChunkedLinearCrossEntropy.apply(
             hidden.flatten(0, 1), weight, targets.flatten(), z_loss,
-            chunk * hidden.shape[0], compute_dtype, compiled)
+            chunk * hidden.shape[0], compute_dtype, compiled, torch.is_grad_enabled())
     return LossOutput(loss, ce, z, {})
