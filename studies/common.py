@@ -228,6 +228,20 @@ class Scheduler:
             print(f"{task.name:<36} {have}/{len(task.points())} runs recorded")
 
 
+def set_run_environment() -> None:
+    """The environment the drivers' runs inherit. Two one-thread runs side by side train about
+    15% more tokens per second on two cores than one two-thread run (set OMP_NUM_THREADS
+    yourself to override). glibc's malloc asked for transparent huge pages maps the loss's
+    64 MiB logits buffers in 2 MiB pages: a quarter less wall time on this machine's CPU, the
+    losses bitwise the same (docs/benchmarks.md, "Evaluation"); elsewhere the variable is
+    ignored."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" not in tunables:
+        os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, (tunables,
+                                                              "glibc.malloc.hugetlb=1")))
+
+
 def scheduled_main(description: str, scheduler: Scheduler, report: Callable[[], None],
                    before_run: Callable[[], None] = lambda: None) -> None:
     """The command line of a driver whose sweeps a `Scheduler` runs: `status`, `run`, `report`
@@ -235,9 +249,7 @@ def scheduled_main(description: str, scheduler: Scheduler, report: Callable[[], 
     parser = driver_parser(description, ("all", "run", "report", "status"),
                            "sweeps at a time (default 2, one thread each)")
     args = parser.parse_args()
-    # Two one-thread runs side by side train about 15% more tokens per second on two cores than
-    # one two-thread run; set OMP_NUM_THREADS yourself to override.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    set_run_environment()
     if args.what == "status":
         scheduler.status()
     if args.what in ("all", "run"):

@@ -26,13 +26,13 @@ Dana-Star-MK4's best of Study II, the same at both). For each optimizer and seed
 
 The queue puts the 4T headline of every seed first (the LR rules with the decay kept, against
 the planned runs), then the 4T decay rules, then the same at 2T, so a partial study already
-answers the main question with three seeds. A run that is complete is not trained again; an unfinished one resumes.
+answers the main question with three seeds. A run that is complete is not trained again; an
+unfinished one resumes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import subprocess
 import sys
@@ -219,7 +219,7 @@ def main() -> None:
     parser = common.driver_parser(__doc__.splitlines()[0], ("all", "run", "report", "status"),
                                   "runs at a time (default 2, one thread each)")
     args = parser.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    common.set_run_environment()
     if args.what == "status":
         status()
     if args.what in ("all", "run"):
