@@ -259,3 +259,37 @@ def test_adamw_takes_a_planned_runs_coupled_decay_and_refuses_to_reanchor_it(tmp
     assert train("--iterations", "6", "optim.weight_decay=0.1", directory=given)[0] == 0
     code, said = train(*extend, "optim.weight_decay=0.1", directory=given)
     assert code == 2 and "adamw's is a constant (given by optim.weight_decay)" in said, said
+
+
+def test_extend_rewarm_sets_the_climbs_length(tmp_path, capsys):
+    """`--extend_rewarm N` climbs back to the peak over N steps (the library's rewarm_steps),
+    is recorded, and is refused without `--extend rewarm`, past the steps left, or changed on a
+    resume of the extended run."""
+    run_dir = str(tmp_path / "run")
+
+    def train(*argv):
+        code = danastar_main(["train", *TINY, "--run_dir", run_dir, "--log_interval", "1",
+                              *argv])
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    assert train("--iterations", "6")[0] == 0
+    for argv, says in [(["--extend", "stretch", "--extend_rewarm", "4"],
+                        "this run continues by --extend stretch; pass --extend rewarm"),
+                       (["--extend", "rewarm", "--extend_rewarm", "7"],
+                        "--extend_rewarm must be in 1 .. 6 (the steps left), got 7")]:
+        code, said = train("--iterations", "12", *argv)
+        assert code == 2 and says in said and len(said.strip().splitlines()) == 1, said
+    rewarm = ["--iterations", "12", "--extend", "rewarm", "--extend_rewarm", "4"]
+    assert train(*rewarm, "--iterations_to_run", "2")[0] == 75
+    assert extensions(tmp_path / "run")[0]["rewarm_steps"] == 4
+    code, said = train(*rewarm[:-1], "3")
+    assert code == 2 and "--extend rewarm --extend_decay keep --extend_rewarm 4; resume it " \
+                         "with those" in said, said
+    assert train(*rewarm)[0] == 0
+    schedule = extended_schedule("cos_inf", 0, 6, 12, from_step=6, rule="rewarm",
+                                 rewarm_steps=4)
+    lr = logged_lr(tmp_path / "run")
+    assert sorted(lr) == list(range(1, 13))
+    assert all(lr[step] == pytest.approx(PEAK * schedule(step - 1), rel=1e-12) for step in lr)
+    assert lr[11] == pytest.approx(PEAK) and lr[10] < PEAK  # the peak again 4 steps on

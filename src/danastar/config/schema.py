@@ -93,9 +93,10 @@ class OptimSection:
     powerlaw_time_scale: float = 1.0
     # Continuing a run past the iterations it was planned for (docs/training.md, "Extending a
     # run"): the LR schedule's rule (None: none asked for, so a longer --iterations that would
-    # change the schedule's past is refused) and the log-time weight decay's rule.
+    # change the schedule's past is refused), the weight decay's rule, and rewarm's climb.
     extend: Optional[str] = None  # stretch | reanchor | rewarm
     extend_decay: str = "keep"  # keep | reanchor | planned
+    extend_rewarm: Optional[int] = None  # steps back up to the peak (None: the run's warm-up)
 
 
 @dataclass
@@ -222,6 +223,9 @@ FLAGS: dict[str, tuple[str, type, str]] = {
                "schedule's past depends on the total)"),
     "extend_decay": ("optim.extend_decay", str, "with --extend, the weight decay's rule: "
                      "keep | reanchor (a log-time decay) | planned (keep)"),
+    "extend_rewarm": ("optim.extend_rewarm", int, "with --extend rewarm, the steps back up to "
+                      "the peak LR (the run's warm-up, or a 50th of the steps left where it had "
+                      "none)"),
     "iterations_to_run": (
         "train.iterations_to_run",
         int,

@@ -141,6 +141,11 @@ def check_choices(config: TrainConfig) -> None:
     if config.optim.extend is not None:
         choose("optim.extend", config.optim.extend, LR_RULES)
     choose("optim.extend_decay", config.optim.extend_decay, DECAY_RULES)
+    if config.optim.extend_rewarm is not None and config.optim.extend != "rewarm":
+        rule = f"--extend {config.optim.extend}" if config.optim.extend else "no --extend"
+        raise UserError(f"--extend_rewarm sets how many steps --extend rewarm climbs back to the "
+                        f"peak LR, and this run continues by {rule}; pass --extend rewarm, or "
+                        f"drop --extend_rewarm.")
     if not registry.is_prefixed(config.optim.name):
         choose("optim.name (--opt)", config.optim.name, tuple(optimizers()),
                also="torch:<Name> or pytorch_optimizer:<name>")

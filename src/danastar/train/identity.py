@@ -294,12 +294,14 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
     if current["iterations"] == recorded["iterations"] or rules[0] is None:
         # the same total (or `changed_settings` said why the iterations cannot change)
         last = extensions[-1] if extensions else None
-        if last and rules[0] is not None and rules != (last["schedule_rule"],
-                                                       last["decay_rule"]):
+        rewarm = config.optim.extend_rewarm
+        if last and rules[0] is not None and (
+                rules != (last["schedule_rule"], last["decay_rule"])
+                or rewarm not in (None, last.get("rewarm_steps"))):
             raise UserError(f"this run was extended at step {last['from_step']} to "
                             f"{last['iterations']} steps by --extend {last['schedule_rule']} "
-                            f"--extend_decay {last['decay_rule']}; resume it with those (or "
-                            f"without --extend).")
+                            f"--extend_decay {last['decay_rule']}{recorded_rewarm(last)}; resume "
+                            f"it with those (or without --extend).")
         return extensions
     # the warm-up the schedule was first planned with (the record's is the last total's)
     warmup = extensions[0]["warmup_steps"] if extensions else recorded.get("warmup_steps", 0)
@@ -307,13 +309,20 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
                  "iterations": current["iterations"], "schedule_rule": rules[0],
                  "decay_rule": rules[1], "warmup_steps": warmup}
     if rules[0] == "rewarm":  # back up over the run's warm-up, or where it had none a 50th
-        extension["rewarm_steps"] = warmup or max(1, (current["iterations"] - step) // 50)
+        extension["rewarm_steps"] = (config.optim.extend_rewarm or warmup
+                                     or max(1, (current["iterations"] - step) // 50))
     check_extension_rules([*extensions, extension], recorded, config)
     check_total_hparams(recorded, current, config)
     previous = extensions[-1] if extensions else recorded
     if "weight_decay" in previous:  # (an extension recorded before it was kept: not known)
         extension.update(decay_in_effect({**recorded, **previous}, extension))
     return [*extensions, extension]
+
+
+def recorded_rewarm(extension: dict[str, Any]) -> str:
+    """The extension's rewarm length as its flag (nothing for the other rules)."""
+    steps = extension.get("rewarm_steps")
+    return f" --extend_rewarm {steps}" if steps else ""
 
 
 def decay_in_effect(before: dict[str, Any], extension: dict[str, Any]) -> dict[str, Any]:
@@ -373,7 +382,8 @@ def check_extension_rules(extensions: list[dict[str, Any]], recorded: dict[str, 
     try:
         extended_run_schedule(config, extensions)
     except ValueError as error:
-        why = str(error).rstrip(".").replace("use rule 'rewarm'", "use --extend rewarm")
+        why = (str(error).rstrip(".").replace("use rule 'rewarm'", "use --extend rewarm")
+               .replace("rewarm_steps must be", "--extend_rewarm must be"))
         raise UserError(f"--extend {extension['schedule_rule']} cannot continue this run from "
                         f"step {extension['from_step']} to {extension['iterations']} steps: "
                         f"{why}.") from None
