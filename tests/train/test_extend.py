@@ -252,6 +252,9 @@ def test_adamw_takes_a_planned_runs_coupled_decay_and_refuses_to_reanchor_it(tmp
     assert (extension["weight_decay"], extension["wd_ts"]) == (held, None)
     identity = json.loads((tmp_path / "run" / "run.json").read_text())["identity"]
     assert identity["weight_decay"] == pytest.approx(extension["weight_decay"], rel=1e-12)
+    code, said = train(*extend, "--dry_run")
+    assert code == 0 and (f"the run's own goes on at {held:.3g} by --extend_decay planned"
+                          in said), said
     assert train(*extend)[0] == 0
     assert held_decay(12) == held_decay(8)
 

@@ -343,8 +343,13 @@ def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None,
     else:
         decay = "none"
     if extensions and decay != "none":
-        decay += (f" for a run planned this long; the run's own goes on by --extend_decay "
-                  f"{extensions[-1]['decay_rule']}")
+        last = extensions[-1]
+        held = ""
+        if "weight_decay" in last:  # (an extension recorded before it was kept: not known)
+            held = f" at {last['weight_decay']:.3g}" + (f" over wd_ts {last['wd_ts']:,} steps"
+                                                        if last.get("wd_ts") else "")
+        decay += (f" for a run planned this long; the run's own goes on{held} by "
+                  f"--extend_decay {last['decay_rule']}")
     rows.append(("weight decay", decay))
     compute = planned["compute"]
     rows.append(("compute", f"{compute['flops']:.3g} FLOPs ({compute['flops_per_token']:.3g} per "
