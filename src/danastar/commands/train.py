@@ -269,6 +269,29 @@ def check_this_machine(config: TrainConfig, plan: Plan, world_size: int) -> None
 # ----------------------------------------------------------------------------------------------
 # The dry run as a person reads it
 
+def weight_decay_row(config, plan: dict, extensions: list[dict] | None) -> str:
+    """The plan's weight decay; for an extended run also the decay the run holds from the
+    join on (what its extension recorded)."""
+    if config.optim.weight_decay is not None:
+        decay = f"{plan['weight_decay']:.3g} (given)"
+    elif plan["wd_ts"]:
+        decay = (f"{plan['weight_decay']:.3g} (ω {plan['omega']:g} over wd_ts "
+                 f"{plan['wd_ts']:,} steps)")
+    elif plan["weight_decay"]:
+        decay = f"{plan['weight_decay']:.3g} (ω {plan['omega']:g})"
+    else:
+        decay = "none"
+    if extensions and decay != "none":
+        last = extensions[-1]
+        held = ""
+        if "weight_decay" in last:  # (an extension recorded before it was kept: not known)
+            held = f" at {last['weight_decay']:.3g}" + (f" over wd_ts {last['wd_ts']:,} steps"
+                                                        if last.get("wd_ts") else "")
+        decay += (f" for a run planned this long; the run's own goes on{held} by "
+                  f"--extend_decay {last['decay_rule']}")
+    return decay
+
+
 def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None,
             export=None) -> str:
     """The dry run in about twenty lines: model and parameters, tokens and epochs, batch, LR and
@@ -333,24 +356,7 @@ def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None,
                        + (f" ({options})" if options else "")
                        + f", {warmup:,} warm-up steps"
                        + (" (the run's, extended below)" if extensions else "")))
-    if config.optim.weight_decay is not None:
-        decay = f"{plan['weight_decay']:.3g} (given)"
-    elif plan["wd_ts"]:
-        decay = (f"{plan['weight_decay']:.3g} (ω {plan['omega']:g} over wd_ts "
-                 f"{plan['wd_ts']:,} steps)")
-    elif plan["weight_decay"]:
-        decay = f"{plan['weight_decay']:.3g} (ω {plan['omega']:g})"
-    else:
-        decay = "none"
-    if extensions and decay != "none":
-        last = extensions[-1]
-        held = ""
-        if "weight_decay" in last:  # (an extension recorded before it was kept: not known)
-            held = f" at {last['weight_decay']:.3g}" + (f" over wd_ts {last['wd_ts']:,} steps"
-                                                        if last.get("wd_ts") else "")
-        decay += (f" for a run planned this long; the run's own goes on{held} by "
-                  f"--extend_decay {last['decay_rule']}")
-    rows.append(("weight decay", decay))
+    rows.append(("weight decay", weight_decay_row(config, plan, extensions)))
     compute = planned["compute"]
     rows.append(("compute", f"{compute['flops']:.3g} FLOPs ({compute['flops_per_token']:.3g} per "
                             f"token: 6 per weight, plus attention)"))
