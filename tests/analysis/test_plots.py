@@ -312,16 +312,20 @@ def test_an_extended_run_shows_its_join_in_curves_and_results(tmp_path, capsys):
     extended = write_run(tmp_path, "adamw", 4, iterations=100)
     extension = {"from_step": 60, "from_iterations": 60, "iterations": 100,
                  "schedule_rule": "stretch", "decay_rule": "keep", "warmup_steps": 1}
+    again = {"from_step": 100, "from_iterations": 100, "iterations": 150,
+             "schedule_rule": "rewarm", "decay_rule": "planned", "warmup_steps": 1,
+             "rewarm_steps": 3}
     (extended / "run.json").write_text(json.dumps({"identity": {}, "starts": [],
-                                                   "extensions": [extension]}))
+                                                   "extensions": [extension, again]}))
     runs = records.find_runs([tmp_path])
     figure = plots.curves(runs, x="steps")
     (ax,) = figure.axes
     dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
-    assert len(dotted) == 1 and list(dotted[0].get_xdata()) == [60.0, 60.0]
+    assert [list(line.get_xdata()) for line in dotted] == [[60.0, 60.0], [100.0, 100.0]]
     assert "dotted: where a run was extended" in ax.get_title()
     assert main(["results", str(tmp_path)]) == 0
     table = capsys.readouterr().out
-    assert "extended" in table.splitlines()[0] and "60→100 at 60 (stretch, keep)" in table
+    assert "extended" in table.splitlines()[0]
+    assert "60→100 at 60 (stretch, keep); 100→150 at 100 (rewarm 3, planned)" in table, table
     assert main(["results", str(plain)]) == 0
     assert "extended" not in capsys.readouterr().out.splitlines()[0]

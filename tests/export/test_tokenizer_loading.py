@@ -162,3 +162,9 @@ def test_the_model_card_of_an_extended_run_says_where_and_how(tmp_path):
     card = model_card(dataclasses.replace(weights, extensions=[held]), to_hf(config, state),
                       0.0, "none")
     assert "| weight decay | 0.04 |" in card and "| 0.02 |" not in card, card
+    # a rewarm says how many steps it took back to the peak
+    rewarmed = {**held, "schedule_rule": "rewarm", "rewarm_steps": 8}
+    card = model_card(dataclasses.replace(weights, extensions=[rewarmed]), to_hf(config, state),
+                      0.0, "none")
+    assert ("LR schedule by rewarm (back to the peak over 8 steps), weight decay by keep"
+            in card), card

@@ -105,10 +105,14 @@ class Run:
     @property
     def extended(self) -> str | None:
         """Its extensions past the planned steps, as the results table shows them
-        (`10→20 at 10 (stretch, keep)`), None where it has none."""
+        (`10→20 at 10 (stretch, keep)`; a rewarm with its steps back to the peak, `rewarm 2`),
+        None where it has none."""
+        def rule(e: dict) -> str:
+            steps = e.get("rewarm_steps")
+            return f"{e['schedule_rule']} {steps}" if steps else e["schedule_rule"]
+
         return "; ".join(f"{e['from_iterations']}→{e['iterations']} at {e['from_step']} "
-                         f"({e['schedule_rule']}, {e['decay_rule']})"
-                         for e in self.extensions) or None
+                         f"({rule(e)}, {e['decay_rule']})" for e in self.extensions) or None
 
     def joins(self, x: str = "compute") -> list[float]:
         """Where it was extended on the axis ``x`` of `curve` (compute, tokens or steps)."""

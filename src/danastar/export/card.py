@@ -94,10 +94,16 @@ def training_rows(identity: dict, extensions: list[dict]) -> list[tuple[str, str
     rows = [(label, _value(identity[key])) for key, label in TRAINING_FIELDS
             if identity.get(key) is not None]
     rows += [("extended", f"from step {e['from_step']:,}, {e['from_iterations']:,} → "
-                          f"{e['iterations']:,} steps: LR schedule by {e['schedule_rule']}, "
-                          f"weight decay by {e['decay_rule']} (docs/training.md)")
+                          f"{e['iterations']:,} steps: LR schedule by {e['schedule_rule']}"
+                          f"{_climb(e)}, weight decay by {e['decay_rule']} (docs/training.md)")
              for e in extensions]
     return rows
+
+
+def _climb(extension: dict) -> str:
+    """How many steps a rewarm took back to the peak LR (nothing for the other rules)."""
+    steps = extension.get("rewarm_steps")
+    return f" (back to the peak over {steps:,} step{'s' * (steps != 1)})" if steps else ""
 
 
 def _value(value) -> str:
