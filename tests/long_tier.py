@@ -5,8 +5,21 @@
 names what covers its ground in the default tier, so that leaving it out of the default run loses
 a second angle on a feature, never the feature: a sweep, a resume, a SLURM requeue, a layout or a
 page each keep a faster test there. Keys are node ids or, for a parametrized test, the start of
-one (`test_x[flags5-kappa`).
+one (`test_x[flags5-kappa`); a docs page's Python block is named by a line of its code
+(`python_block`), since its id holds the line it opens at, which any line added above moves.
 """
+
+from doc_blocks import parse
+
+
+def python_block(page: str, code_line: str) -> str:
+    """The node id of the test of `page`'s one Python block that has `code_line` (a whole line);
+    where no block or more than one has it, an id that `tests/test_long_tier.py` reports."""
+    found = [block for block in parse(page)[0] if block.language == "python"
+             and code_line in block.text.splitlines()]
+    name = found[0].name if len(found) == 1 else f"{page}: {len(found)} blocks with {code_line!r}"
+    return f"tests/test_docs.py::test_python_block[{name}]"
+
 
 LONG_TESTS = {
     # -- resume, stop and interrupt ---------------------------------------------------------------
@@ -133,8 +146,10 @@ LONG_TESTS = {
     "its report)",
     "tests/test_docs.py::test_page_commands[docs/study-fair.md]": "the study's records",
     "tests/test_docs.py::test_page_commands[docs/study-horizon.md]": "the study's records",
-    "tests/test_docs.py::test_python_block[docs/models.md:10]": "tests/models",
-    "tests/test_docs.py::test_python_block[README.md:126]": "tests/integrations/test_plain_loop.py",
+    python_block("docs/models.md", "from danastar.models import ModelConfig, build_model"):
+        "tests/models",
+    python_block("README.md", "from danastar.optim import ADana, param_groups"):
+        "tests/integrations/test_plain_loop.py",
 }
 
 

@@ -35,11 +35,12 @@ def test_a_key_ending_inside_brackets_marks_each_case_it_starts():
 
 @pytest.mark.parametrize("key", sorted(k for k in LONG_TESTS if k.startswith("tests/test_docs.py")))
 def test_every_docs_key_names_a_page_or_block_that_is_there(key):
-    """A docs block's id holds its line: a line added above it would leave the key marking
-    nothing."""
+    """A docs block's id holds its line, which `long_tier.python_block` finds by a line of its
+    code: a block edited so that none or two have that line leaves a key marking nothing."""
     case = key.split("[", 1)[1].rstrip("]")
     if "::test_python_block[" in key:
         page, line = case.rsplit(":", 1)
+        assert line.isdigit(), f"{key}: no one python block has that line"
         blocks = parse(page)[0]
         assert any(b.line == int(line) and b.language == "python" for b in blocks), \
             f"{key}: no python block opens at {page}:{line}"
