@@ -25,6 +25,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without installing
 
+from danastar.launch.allocator import with_huge_pages  # noqa: E402
+
 # A run's small files, what the reports (and `danastar results` / `danastar plot`) read; no
 # checkpoints.
 RECORD_FILES = ("plan.json", "config.yaml", "metrics.jsonl", "run.json", "status.json",
@@ -231,15 +233,11 @@ class Scheduler:
 def set_run_environment() -> None:
     """The environment the drivers' runs inherit. Two one-thread runs side by side train about
     15% more tokens per second on two cores than one two-thread run (set OMP_NUM_THREADS
-    yourself to override). glibc's malloc asked for transparent huge pages maps the loss's
-    64 MiB logits buffers in 2 MiB pages: a quarter less wall time on this machine's CPU, the
-    losses bitwise the same (docs/benchmarks.md, "Evaluation"); elsewhere the variable is
-    ignored."""
+    yourself to override); glibc's malloc is asked for huge pages, as `danastar sweep` asks for
+    its runs (`danastar.launch.allocator`: a quarter less wall time here, the losses bitwise the
+    same)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb" not in tunables:
-        os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, (tunables,
-                                                              "glibc.malloc.hugetlb=1")))
+    os.environ.update(with_huge_pages(os.environ))
 
 
 def scheduled_main(description: str, scheduler: Scheduler, report: Callable[[], None],

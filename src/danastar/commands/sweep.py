@@ -39,6 +39,7 @@ from typing import Optional
 
 from danastar.config import load_config, name_too_long
 from danastar.errors import UserError
+from danastar.launch.allocator import with_huge_pages
 from danastar.launch.sweep_spec import Sweep, SweepPoint, load_sweep, run_state
 from danastar.progress import Stages, bar
 from danastar.rundir import metrics
@@ -473,7 +474,7 @@ def start(run: PlannedRun, root: Path, gpu: str | None):
     log = open(root / "logs" / f"{run.point.name}.log", "a")
     log.write(f"$ danastar train {' '.join(run.argv)}\n")
     log.flush()
-    env = dict(os.environ)
+    env = with_huge_pages(dict(os.environ))
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     # Its own session: a terminal's Ctrl-C reaches the sweep alone, which passes it on once.

@@ -35,6 +35,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
+from danastar.launch.allocator import with_huge_pages
 from danastar.rundir.exits import (
     EXPLAINED_EXIT_CODES,
     INTERRUPTED_EXIT_CODE,
@@ -89,7 +90,7 @@ def torchrun_command(nproc: int, train_argv: list[str]) -> list[str]:
 def launch(nproc: int, train_argv: list[str], run_dir: Path | None = None) -> int:
     """Run torchrun with `nproc` workers; returns the workers' exit code (see the module)."""
     process = subprocess.Popen(torchrun_command(nproc, train_argv), start_new_session=True,
-                               preexec_fn=prepare_agent)
+                               preexec_fn=prepare_agent, env=with_huge_pages(dict(os.environ)))
 
     def forward(signum, _frame):
         if signum != signal.SIGINT and run_dir is not None and Path(run_dir).is_dir():
