@@ -234,7 +234,7 @@ def set_run_environment() -> None:
     """The environment the drivers' runs inherit. Two one-thread runs side by side train about
     15% more tokens per second on two cores than one two-thread run (set OMP_NUM_THREADS
     yourself to override); glibc's malloc is asked for huge pages, as `danastar sweep` asks for
-    its runs (`danastar.launch.allocator`: a quarter less wall time here, the losses bitwise the
+    its runs (`danastar.launch.allocator`: 0.68× the wall time here, the losses bitwise the
     same)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.update(with_huge_pages(os.environ))

@@ -5,8 +5,8 @@ glibc's malloc maps a block larger than 32 MiB afresh on each use and unmaps it 
 chunked loss's logits (64 MiB for 32 × 128 tokens of a 4,096-token vocabulary) fault in every
 4 KiB page each step: a quarter of a small CPU run's wall time. Asked for transparent huge pages
 (the `glibc.malloc.hugetlb=1` tunable), it faults them in 2 MiB at a time: on this project's
-2-core test machine 2.9M page faults became 89K and a run's wall time fell by 26%, every logged
-value bitwise the same (docs/benchmarks.md, "Evaluation"). glibc before 2.35, other C libraries
+2-core test machine 2.9M page faults became 89K and a run's wall time 0.68×, every logged value
+bitwise the same (benchmarks/huge_pages.py). glibc before 2.35, other C libraries
 and a kernel with transparent huge pages off ignore it. A tunable is read when a process starts,
 so a `danastar train` started by hand takes it only from its own environment
 (docs/training.md, "The loop").
