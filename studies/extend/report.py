@@ -30,6 +30,7 @@ from study import (  # noqa: E402
     DECAY_WITH,
     EXTENDED_TO,
     FAIR_RECORDS,
+    LONGER_REWARM,
     OPTIMIZERS,
     RECORDS,
     SCHEDULE_RULES,
@@ -52,14 +53,24 @@ OUT = ROOT / "docs" / "study-extend"
 SUMMARY = HERE / "summary.json"
 BASELINE = "adamw"
 LONGER = "sh-x4-adamw-paper-steps1024/adamw-lrx0.25-s{seed}"  # AdamW's curve past 4T
-TWIN = ("reanchor", "keep")  # stretch's twin on a finished run: shown where recorded
+TWIN = ("reanchor", "keep", None)  # stretch's twin on a finished run: shown where recorded
 NAMES = {"adamw": "AdamW", "adana": "ADana", "dana-star-mk4": "Dana-Star-MK4"}
 
 
-def conditions(optimizer: str) -> list[tuple[str, str]]:
-    """(LR rule, decay rule) of every extension of this optimizer, in the tables' order."""
-    return ([(rule, "keep") for rule in SCHEDULE_RULES]
-            + [(DECAY_WITH, decay) for decay in DECAY_RULES[optimizer]])
+def conditions(optimizer: str, steps: int) -> list[tuple[str, str, int | None]]:
+    """(LR rule, decay rule, rewarm's steps or None) of every extension of this optimizer to
+    `steps`, in the tables' order."""
+    found = ([(rule, "keep", None) for rule in SCHEDULE_RULES]
+             + [(DECAY_WITH, decay, None) for decay in DECAY_RULES[optimizer]])
+    if steps == max(EXTENDED_TO):
+        found.append(("rewarm", "keep", LONGER_REWARM))
+    return found
+
+
+def condition_name(rule: str, decay: str, rewarm: int | None, code: str = "`") -> str:
+    """A condition as the tables (code="`") and the figure's legends (code="") name it."""
+    climb = f" over {rewarm} steps" if rewarm else ""
+    return f"{code}{rule}{code}{climb}, decay {code}{decay}{code}"
 
 
 def record(run: Run) -> Path | None:
@@ -100,11 +111,11 @@ def worth(extended: float, target: float, curve: list[tuple[float, float]]
 
 # ---- the table ----------------------------------------------------------------------------------
 
-def row(optimizer: str, steps: int, rule: str, decay: str) -> dict | None:
+def row(optimizer: str, steps: int, rule: str, decay: str, rewarm: int | None) -> dict | None:
     """One extension against the planned run, over the seeds that have both."""
     pairs = []
     for seed in SEEDS:
-        ext = loss(Run("extended", optimizer, seed, steps, rule, decay))
+        ext = loss(Run("extended", optimizer, seed, steps, rule, decay, rewarm))
         target = loss(planned(optimizer, steps, seed))
         if ext is not None and target is not None:
             pairs.append((seed, ext, target))
@@ -113,7 +124,7 @@ def row(optimizer: str, steps: int, rule: str, decay: str) -> dict | None:
     gaps = [e - t for _, e, t in pairs]
     worths = [w for w in (worth(e, t, adamw_curve(s)) for s, e, t in pairs) if w is not None]
     found = {"optimizer": optimizer, "from_steps": T1, "steps": steps, "lr_rule": rule,
-             "decay_rule": decay, "seeds": len(pairs),
+             "decay_rule": decay, "rewarm_steps": rewarm, "seeds": len(pairs),
              "loss": seeds.mean_se([e for _, e, _ in pairs]),
              "gap": seeds.mean_se(gaps),
              "worth": seeds.mean_se([w for w, _ in worths]) if worths else None,
@@ -147,16 +158,16 @@ def table(steps: int) -> tuple[list[str], list[dict]]:
             found = planned_row(optimizer, length)
             if found is not None:
                 lines.append(f"| {name} | {label} | {found.n} | {pm(found)} | | |")
-        for rule, decay in conditions(optimizer) + [TWIN]:
-            found = row(optimizer, steps, rule, decay)
-            if found is None and (rule, decay) == TWIN:
+        for condition in conditions(optimizer, steps) + [TWIN]:
+            found = row(optimizer, steps, *condition)
+            if found is None and condition == TWIN:
                 continue
             if found is None:
-                lines.append(f"| {name} | `{rule}`, decay `{decay}` | 0 | – | – | – |")
+                lines.append(f"| {name} | {condition_name(*condition)} | 0 | – | – | – |")
                 continue
             worth_text = percent(found["worth"]) + (
                 " (extrapolated)" if found["worth_outside"] else "")
-            lines.append(f"| {name} | `{rule}`, decay `{decay}` | {found['seeds']} | "
+            lines.append(f"| {name} | {condition_name(*condition)} | {found['seeds']} | "
                          f"{pm(found['loss'])} | {found['gap'].mean:+.4f}"
                          f"{se_of(found['gap'])} | {worth_text} |")
             rows.append(summary(found))
@@ -171,7 +182,7 @@ def summary(found: dict) -> dict:
         return {key: round(value.mean, 6), f"{key}_se": se}
 
     return {**{k: found[k] for k in ("optimizer", "from_steps", "steps", "lr_rule",
-                                     "decay_rule", "seeds")},
+                                     "decay_rule", "rewarm_steps", "seeds")},
             **plain(found["loss"], "loss"), **plain(found["gap"], "gap"),
             **plain(found["worth"], "worth"), "worth_extrapolated": found["worth_outside"]}
 
@@ -240,11 +251,11 @@ def join_figure(steps: int, seed: int = 0):
         lines = []
         if target is not None:
             lines.append((f"planned for {steps}", "black", "-", curves(target)))
-        for index, (rule, decay) in enumerate(conditions(optimizer)):
-            path = record(Run("extended", optimizer, seed, steps, rule, decay))
+        for index, condition in enumerate(conditions(optimizer, steps)):
+            path = record(Run("extended", optimizer, seed, steps, *condition))
             if path is not None and base is not None:
-                lines.append((f"{rule}, decay {decay}", colours[index % len(colours)], "-",
-                              curves(path, base)))
+                lines.append((condition_name(*condition, code=""),
+                              colours[index % len(colours)], "-", curves(path, base)))
         for label, color, style, found in lines:
             for row_index, key in enumerate(("val", "lr", "decay")):
                 xs, ys = zip(*found[key]) if found[key] else ((), ())

@@ -18,7 +18,9 @@ Dana-Star-MK4's best of Study II, the same at both). For each optimizer and seed
   decay matters least), the other decay rules: for the DANA optimizers `reanchor` and
   `planned`, for AdamW `planned` (its coupled λ·T1/T2; it has no time scale to re-anchor). On a
   finished run `reanchor` is `stretch`: both continue at the floor factor the run ended on (one
-  run, AdamW's seed 0 to 512 steps, is recorded to show it: bitwise the same losses);
+  run, AdamW's seed 0 to 512 steps, is recorded to show it: bitwise the same losses); at 512
+  also `rewarm` climbing over 10 steps (`--extend_rewarm 10`, the warm-up of a run planned for
+  512) instead of the run's own 2;
 * **planned**: the same optimizer planned for T2 from the start. Where Study III has recorded
   one (AdamW and ADana at 512 steps, AdamW at 256: the same settings; they evaluate every 32
   steps, which does not change a run's training), it is read from there; the others are trained
@@ -64,6 +66,11 @@ SCHEDULE_RULES = ("stretch", "rewarm")  # reanchor: stretch's twin on a finished
 DECAY_RULES = {"adamw": ("planned",), "adana": ("reanchor", "planned"),
                "dana-star-mk4": ("reanchor", "planned")}
 DECAY_WITH = "rewarm"  # the LR rule the decay rules run with
+# `rewarm` climbs back to the peak over the run's own warm-up (2 steps at T = 128) unless
+# --extend_rewarm says otherwise; also measured at 4T: over the warm-up of a run planned for 4T
+# (4T/50 = 10 steps), added to the grid after seed 0 showed ADana's loss rising for some 30 steps
+# after the 2-step climb
+LONGER_REWARM = max(EXTENDED_TO) // 50
 # Study III's runs of the same settings: (optimizer, steps) -> the record folders that hold them
 # (seed 0 of 4x sits in its LR sweep, the other seeds in its seeds sweep)
 FAIR_PLANNED = {("adamw", 512): ("sh-x4-adamw-lr", "sh-x4-adamw-seeds"),
@@ -85,12 +92,13 @@ class Run:
     steps: int
     rule: str = ""  # the LR rule of an extension
     decay: str = ""  # its decay rule
+    rewarm: int | None = None  # rewarm's steps back to the peak (None: the run's warm-up)
 
     @property
     def name(self) -> str:
         if self.kind == "extended":
-            return (f"{self.optimizer}-T{T1}to{self.steps}-{self.rule}-{self.decay}"
-                    f"-s{self.seed}")
+            return (f"{self.optimizer}-T{T1}to{self.steps}-{self.rule}{self.rewarm or ''}-"
+                    f"{self.decay}-s{self.seed}")
         return f"{self.optimizer}-{self.kind}{self.steps}-s{self.seed}"
 
     def arguments(self) -> list[str]:
@@ -98,6 +106,8 @@ class Run:
                 f"train.seed={self.seed}", f"train.iterations={self.steps}"]
         if self.kind == "extended":
             args += [f"optim.extend={self.rule}", f"optim.extend_decay={self.decay}"]
+            if self.rewarm:
+                args.append(f"optim.extend_rewarm={self.rewarm}")
         return args
 
 
@@ -117,7 +127,8 @@ def fair_record(optimizer: str, steps: int, seed: int) -> Path | None:
 def queue() -> list[Run]:
     """Every run the study trains, in order: the 4T headline for every seed first (the bases,
     the LR rules with the decay kept, and the planned runs Study III has not recorded), then
-    the 4T decay rules for every seed, then the same two stages at 2T."""
+    the 4T decay rules for every seed, then the same two stages at 2T, and last the longer
+    rewarm at 4T."""
     runs = [Run("base", o, seed, T1) for seed in SEEDS for o in OPTIMIZERS]
     for steps in EXTENDED_TO:
         for seed in SEEDS:
@@ -127,6 +138,8 @@ def queue() -> list[Run]:
                      if fair_record(o, steps, seed) is None]
         runs += [Run("extended", o, seed, steps, DECAY_WITH, decay)
                  for seed in SEEDS for o in OPTIMIZERS for decay in DECAY_RULES[o]]
+    runs += [Run("extended", o, seed, max(EXTENDED_TO), "rewarm", "keep", LONGER_REWARM)
+             for seed in SEEDS for o in OPTIMIZERS]
     return runs
 
 
