@@ -223,9 +223,9 @@ def test_a_resume_from_before_the_join_is_refused_naming_the_checkpoint_to_put_b
 
 def test_adamw_takes_a_planned_runs_coupled_decay_and_refuses_to_reanchor_it(tmp_path, capsys):
     """AdamW's coupled λ = ω/(γ·T) has no time scale: `--extend_decay reanchor` is refused,
-    naming keep and planned; `planned` holds λ·T1/T2 from the join on (recorded in run.json,
-    held again, not scaled twice, by a resume after the join); a --weight_decay given is a
-    constant that no rule changes."""
+    naming keep and planned; `planned`, its default, holds λ·T1/T2 from the join on (recorded
+    in run.json, held again, not scaled twice, by a resume after the join); a --weight_decay
+    given is a constant that no rule changes (its default: keep)."""
     run_dir = str(tmp_path / "run")
 
     def train(*argv, directory=run_dir):
@@ -243,6 +243,8 @@ def test_adamw_takes_a_planned_runs_coupled_decay_and_refuses_to_reanchor_it(tmp
     code, said = train("--iterations", "12", "--extend", "rewarm", "--extend_decay", "reanchor")
     assert code == 2 and len(said.strip().splitlines()) == 1, said
     assert "adamw's coupled decay ω/(γ·T) has none; use --extend_decay keep" in said, said
+    code, said = train("--iterations", "12", "--extend", "rewarm", "--dry_run")
+    assert code == 0 and "the weight decay by --extend_decay planned" in said, said  # default
     extend = ["--iterations", "12", "--extend", "rewarm", "--extend_decay", "planned"]
     code, said = train(*extend, "--iterations_to_run", "2")
     assert code == 75, said
@@ -262,6 +264,8 @@ def test_adamw_takes_a_planned_runs_coupled_decay_and_refuses_to_reanchor_it(tmp
     assert train("--iterations", "6", "optim.weight_decay=0.1", directory=given)[0] == 0
     code, said = train(*extend, "optim.weight_decay=0.1", directory=given)
     assert code == 2 and "adamw's is a constant (given by optim.weight_decay)" in said, said
+    code, said = train(*extend[:4], "optim.weight_decay=0.1", "--dry_run", directory=given)
+    assert code == 0 and "the weight decay by --extend_decay keep" in said, said  # its default
 
 
 def test_extend_rewarm_sets_the_climbs_length(tmp_path, capsys):

@@ -95,7 +95,8 @@ class OptimSection:
     # run"): the LR schedule's rule (None: none asked for, so a longer --iterations that would
     # change the schedule's past is refused), the weight decay's rule, and rewarm's climb.
     extend: Optional[str] = None  # stretch | reanchor | rewarm
-    extend_decay: str = "keep"  # keep | reanchor | planned
+    # keep | reanchor | planned; None: the measured best for the run's decay (`extend_decay_rule`)
+    extend_decay: Optional[str] = None
     extend_rewarm: Optional[int] = None  # steps back up to the peak (None: the run's warm-up)
 
 
@@ -222,7 +223,8 @@ FLAGS: dict[str, tuple[str, type, str]] = {
                "by this LR-schedule rule: stretch | reanchor | rewarm (none: refused where the "
                "schedule's past depends on the total)"),
     "extend_decay": ("optim.extend_decay", str, "with --extend, the weight decay's rule: "
-                     "keep | reanchor (a log-time decay) | planned (keep)"),
+                     "keep | reanchor (a log-time decay) | planned (default: keep for a "
+                     "log-time decay, planned for AdamW's coupled one, as measured best)"),
     "extend_rewarm": ("optim.extend_rewarm", int, "with --extend rewarm, the steps back up to "
                       "the peak LR (the run's warm-up, or a 50th of the steps left where it had "
                       "none)"),

@@ -140,7 +140,8 @@ def check_choices(config: TrainConfig) -> None:
     choose("optim.decay_type", config.optim.decay_type, tuple(DECAY_TYPES))
     if config.optim.extend is not None:
         choose("optim.extend", config.optim.extend, LR_RULES)
-    choose("optim.extend_decay", config.optim.extend_decay, DECAY_RULES)
+    if config.optim.extend_decay is not None:
+        choose("optim.extend_decay", config.optim.extend_decay, DECAY_RULES)
     if config.optim.extend_rewarm is not None and config.optim.extend != "rewarm":
         rule = f"--extend {config.optim.extend}" if config.optim.extend else "no --extend"
         raise UserError(f"--extend_rewarm sets how many steps --extend rewarm climbs back to the "

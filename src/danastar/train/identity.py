@@ -289,15 +289,15 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
     if record is None or "iterations" not in record["identity"]:
         return []
     recorded, extensions = record["identity"], list(record.get("extensions", []))
-    rules = (config.optim.extend, config.optim.extend_decay)
     check_not_before_join(extensions, step)
-    if current["iterations"] == recorded["iterations"] or rules[0] is None:
+    if current["iterations"] == recorded["iterations"] or config.optim.extend is None:
         # the same total (or `changed_settings` said why the iterations cannot change)
         last = extensions[-1] if extensions else None
-        rewarm = config.optim.extend_rewarm
-        if last and rules[0] is not None and (
-                rules != (last["schedule_rule"], last["decay_rule"])
-                or rewarm not in (None, last.get("rewarm_steps"))):
+        given = (config.optim.extend_decay, config.optim.extend_rewarm)
+        if last and config.optim.extend is not None and (
+                config.optim.extend != last["schedule_rule"]
+                or given[0] not in (None, last["decay_rule"])
+                or given[1] not in (None, last.get("rewarm_steps"))):
             raise UserError(f"this run was extended at step {last['from_step']} to "
                             f"{last['iterations']} steps by --extend {last['schedule_rule']} "
                             f"--extend_decay {last['decay_rule']}{recorded_rewarm(last)}; resume "
@@ -306,9 +306,10 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
     # the warm-up the schedule was first planned with (the record's is the last total's)
     warmup = extensions[0]["warmup_steps"] if extensions else recorded.get("warmup_steps", 0)
     extension = {"from_step": step, "from_iterations": recorded["iterations"],
-                 "iterations": current["iterations"], "schedule_rule": rules[0],
-                 "decay_rule": rules[1], "warmup_steps": warmup}
-    if rules[0] == "rewarm":  # back up over the run's warm-up, or where it had none a 50th
+                 "iterations": current["iterations"], "schedule_rule": config.optim.extend,
+                 "decay_rule": config.optim.extend_decay or extend_decay_rule(recorded, config),
+                 "warmup_steps": warmup}
+    if config.optim.extend == "rewarm":  # back up over the run's warm-up, or if none a 50th
         extension["rewarm_steps"] = (config.optim.extend_rewarm or warmup
                                      or max(1, (current["iterations"] - step) // 50))
     check_extension_rules([*extensions, extension], recorded, config)
@@ -317,6 +318,16 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
     if "weight_decay" in previous:  # (an extension recorded before it was kept: not known)
         extension.update(decay_in_effect({**recorded, **previous}, extension))
     return [*extensions, extension]
+
+
+def extend_decay_rule(recorded: dict[str, Any], config) -> str:
+    """The decay rule of an extension that names none, the measured best for the run's decay
+    (docs/study-extend.md): `planned` for a coupled decay planned from the run's length
+    (AdamW's ω/(γ·T), kept four times a longer run's per step), `keep` for any other."""
+    coupled = (weight_decay_style(recorded.get("opt", "")) == "coupled"
+               and recorded.get("wd_ts") is None and bool(recorded.get("weight_decay"))
+               and config.optim.weight_decay is None)
+    return "planned" if coupled else "keep"
 
 
 def recorded_rewarm(extension: dict[str, Any]) -> str:
