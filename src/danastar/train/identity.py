@@ -320,14 +320,19 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
     return [*extensions, extension]
 
 
+def coupled_from_length(recorded: dict[str, Any], config) -> bool:
+    """Whether the run's decay is a coupled one planned from its length (AdamW's ω/(γ·T)), not
+    one given as a constant."""
+    return (weight_decay_style(recorded.get("opt", "")) == "coupled"
+            and recorded.get("wd_ts") is None and bool(recorded.get("weight_decay"))
+            and config.optim.weight_decay is None)
+
+
 def extend_decay_rule(recorded: dict[str, Any], config) -> str:
     """The decay rule of an extension that names none, the measured best for the run's decay
     (docs/study-extend.md): `planned` for a coupled decay planned from the run's length
-    (AdamW's ω/(γ·T), kept four times a longer run's per step), `keep` for any other."""
-    coupled = (weight_decay_style(recorded.get("opt", "")) == "coupled"
-               and recorded.get("wd_ts") is None and bool(recorded.get("weight_decay"))
-               and config.optim.weight_decay is None)
-    return "planned" if coupled else "keep"
+    (kept, four times a longer run's per step), `keep` for any other."""
+    return "planned" if coupled_from_length(recorded, config) else "keep"
 
 
 def recorded_rewarm(extension: dict[str, Any]) -> str:
@@ -401,8 +406,7 @@ def check_extension_rules(extensions: list[dict[str, Any]], recorded: dict[str, 
     rule = extension["decay_rule"]
     if rule == "keep" or recorded.get("wd_ts") is not None or not recorded.get("weight_decay"):
         return
-    if weight_decay_style(recorded.get("opt", "")) == "coupled" and \
-            config.optim.weight_decay is None:
+    if coupled_from_length(recorded, config):
         if rule == "reanchor":
             raise UserError(f"--extend_decay reanchor re-anchors a log-time weight decay's time "
                             f"scale (wd_ts), and {recorded['opt']}'s coupled decay ω/(γ·T) has "
