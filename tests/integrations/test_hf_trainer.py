@@ -221,3 +221,26 @@ def test_a_finished_run_extended_with_extend_run_has_no_jump_and_resumes_bit_for
     for (name, a), (_, b) in zip(whole.model.named_parameters(),
                                  resumed.model.named_parameters()):
         assert torch.equal(a, b), name
+
+
+def test_extend_run_gives_the_trainers_adamw_the_planned_runs_coupled_decay_once(hf, tmp_path):
+    """The Trainer's own AdamW, its λ planned for 8 steps, continued to 16 with decay_rule
+    'planned': λ·8/16 from the join, and a resume after the join (the same callback again)
+    holds it rather than halving it twice."""
+    planned, longer = 8, 16
+
+    def run(steps, resume=None, extend=None):
+        args = hf.training_arguments(str(tmp_path), steps=steps, save_strategy="steps",
+                                     save_steps=4, warmup_steps=2, weight_decay=0.4)
+        trainer = transformers.Trainer(hf.tiny_llama(), args,
+                                       train_dataset=hf.CountingSequences(),
+                                       callbacks=[extend] if extend else [])
+        trainer.train(resume_from_checkpoint=resume)
+        return [group["weight_decay"] for group in trainer.optimizer.optimizer.param_groups]
+
+    def extend():
+        return ExtendRun(planned, planned, lr_rule="rewarm", decay_rule="planned")
+
+    assert max(run(planned)) == 0.4
+    assert max(run(longer, f"{tmp_path}/checkpoint-{planned}", extend())) == 0.4 * 8 / 16
+    assert max(run(longer, f"{tmp_path}/checkpoint-12", extend())) == 0.4 * 8 / 16

@@ -1,6 +1,7 @@
 """Continuing a run past its planned T: the LR schedules (`extended_schedule`), the log-time
 weight decay (`extended_weight_decay`, `extend_to`), and a plain loop across the join."""
 
+import copy
 import io
 import math
 
@@ -247,13 +248,45 @@ def test_extend_to_changes_only_the_log_time_decay_of_each_optimizer():
     lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1),
     lambda params: AdEMAMix(params, lr=1e-3, weight_decay=0.1),
 ])
-def test_a_coupled_decay_is_kept_and_cannot_be_reanchored(build):
+def test_a_coupled_decay_is_kept_or_planned_and_cannot_be_reanchored(build):
     optimizer = build([torch.nn.Parameter(torch.ones(2, 2))])
     extend_optimizer(optimizer, 4000, from_step=1000)
     assert optimizer.param_groups[0]["weight_decay"] == 0.1
     with pytest.raises(ValueError, match=r"has no log-time weight decay \(wd_ts\) to re-anchor, "
                                          "so decay_rule 'reanchor' has nothing to change"):
         extend_optimizer(optimizer, 4000, from_step=1000, decay_rule="reanchor")
+    with pytest.raises(ValueError, match="was set from a planned total that the optimizer does "
+                                         "not know: pass planned_steps=T1"):
+        extend_optimizer(optimizer, 4000, from_step=1000, decay_rule="planned")
+    extend_optimizer(optimizer, 4000, from_step=1000, decay_rule="planned", planned_steps=1000)
+    assert optimizer.param_groups[0]["weight_decay"] == 0.1 * 1000 / 4000
+    assert optimizer.param_groups[0]["weight_decay"] == extended_coupled_weight_decay(
+        0.1, 1000, 4000, "planned")
+
+
+def test_a_planned_coupled_decay_is_set_once_across_a_resume_and_scaled_again_further_on():
+    """The total a coupled decay is planned for travels with the param group: extending a
+    resumed optimizer to the same T2 again (as a resumed loop or the Trainer's callback does)
+    leaves λ·T1/T2, and extending it to T3 later gives λ·T1/T3 (the run planned for T3)."""
+    param = torch.nn.Parameter(torch.ones(2, 2))
+    optimizer = AdamW([param], lr=1e-3, weight_decay=4.0 / (1e-3 * 1000))  # ω/(γ·T1)
+    planned = optimizer.param_groups[0]["weight_decay"]
+    for _ in range(3):
+        param.grad = torch.ones(2, 2)
+        optimizer.step()
+    optimizer.extend_to(2000, decay_rule="planned", planned_steps=1000)
+    saved = copy.deepcopy(optimizer.state_dict())
+    resumed = AdamW([torch.nn.Parameter(param.detach().clone())], lr=1e-3,
+                    weight_decay=4.0 / (1e-3 * 1000))
+    resumed.load_state_dict(saved)
+    resumed.extend_to(2000, decay_rule="planned", planned_steps=1000)
+    optimizer.extend_to(2000, decay_rule="planned", planned_steps=1000)
+    assert resumed.param_groups[0]["weight_decay"] == optimizer.param_groups[0]["weight_decay"] \
+        == planned * 1000 / 2000
+    resumed.extend_to(8000, decay_rule="planned")  # the group knows it is planned for 2000 now
+    assert resumed.param_groups[0]["weight_decay"] == pytest.approx(planned * 1000 / 8000,
+                                                                    rel=1e-15)
+    assert resumed.param_groups[0]["coupled_decay_total_steps"] == 8000
 
 
 def test_extend_to_refuses_a_total_it_has_reached():

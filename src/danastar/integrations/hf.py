@@ -175,10 +175,10 @@ class ExtendRun(transformers.TrainerCallback):
     Trainer's ``max_steps`` (T2), from step ``from_step`` (the checkpoint's: T1 for a finished
     run): the Trainer's LR schedule continued by ``lr_rule`` ("stretch", "reanchor" or
     "rewarm", as `danastar.optim.extended_schedule`, with ``rewarm_steps`` and ``peak``), the
-    log-time weight decay by ``decay_rule`` ("keep", "reanchor" or "planned", as
-    ``optimizer.extend_to``). Applied when training begins, after the checkpoint is loaded;
-    the same callback on a later resume gives the same schedule and decay, so the run resumes
-    as it would have gone on."""
+    weight decay by ``decay_rule`` ("keep", "reanchor" or "planned", as ``optimizer.extend_to``
+    with ``planned_steps``: "planned" gives a coupled decay, AdamW's, T1/T2 of itself). Applied
+    when training begins, after the checkpoint is loaded; the same callback on a later resume
+    gives the same schedule and decay, so the run resumes as it would have gone on."""
 
     def __init__(self, planned_steps: int, from_step: int, lr_rule: str = "stretch",
                  decay_rule: str = "keep", rewarm_steps: int | None = None, peak: float = 1.0):
@@ -193,7 +193,8 @@ class ExtendRun(transformers.TrainerCallback):
                        **kwargs):
         new_total = state.max_steps
         extend_optimizer(getattr(optimizer, "optimizer", optimizer), new_total,
-                         from_step=self.from_step, decay_rule=self.decay_rule)
+                         from_step=self.from_step, decay_rule=self.decay_rule,
+                         planned_steps=self.planned_steps)
         scheduler = getattr(lr_scheduler, "scheduler", lr_scheduler)
         scheduler.lr_lambdas = [self.schedule(args, new_total)] * len(scheduler.lr_lambdas)
 

@@ -165,10 +165,11 @@ class PerTensorOptimizer(torch.optim.Optimizer):
         """Refuse (ValueError) a group, defaults filled in, whose settings together are wrong."""
 
     def extend_to(self, new_total_steps: int, *, from_step: int | None = None,
-                  decay_rule: str = "keep") -> None:
+                  decay_rule: str = "keep", planned_steps: int | None = None) -> None:
         """Continue this run to ``new_total_steps`` steps (`extension.extend_optimizer`; the LR
         schedule is the caller's, `schedules.extended_schedule`)."""
-        extend_optimizer(self, new_total_steps, from_step=from_step, decay_rule=decay_rule)
+        extend_optimizer(self, new_total_steps, from_step=from_step, decay_rule=decay_rule,
+                         planned_steps=planned_steps)
 
     def scalars_for(self, group: dict, k: float) -> dict[str, float]:
         """The per-step scalars of a tensor of ``group`` at step ``k``."""

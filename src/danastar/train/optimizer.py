@@ -52,7 +52,9 @@ def extended_run_schedule(config: TrainConfig, extensions: list[dict]):
 
 def coupled_decay_planned(extension: dict) -> bool:
     """Whether the extension takes a planned run's coupled decay (AdamW's ω/(γ·T), which the
-    identity checked): the library's `extend_optimizer` changes log-time decays only."""
+    identity checked). The run holds the value run.json records rather than scaling λ in the
+    library (`extend_optimizer`'s ``planned_steps``): a checkpoint from before the group kept
+    its planned total would be scaled twice."""
     return (extension["decay_rule"] == "planned" and extension.get("wd_ts") is None
             and bool(extension.get("weight_decay")))
 
