@@ -228,3 +228,12 @@ def test_each_config_is_merged_over_defaults_no_earlier_one_changed():
     assert (first.model.heads, first.optim.name, first.train.iterations) == (2, "adamw", 7)
     assert (second.model.heads, second.optim.name, second.train.iterations) == (3, "adana", 300)
     assert second.optim.lr is None
+
+
+def test_extend_alone_takes_the_measured_best_rule_and_an_override_after_it_is_named():
+    assert load_config(["--extend"])[0].optim.extend == "rewarm"
+    assert load_config(["train.seed=3", "--extend"])[0].optim.extend == "rewarm"
+    assert load_config(["--extend", "stretch"])[0].optim.extend == "stretch"
+    with pytest.raises(UserError, match=r"--extend took 'train.seed=3' as its rule; name the rule "
+                                        r"\(--extend rewarm\), or put --extend after the "):
+        load_config(["--extend", "train.seed=3"])

@@ -280,7 +280,10 @@ def test_a_job_may_extend_a_finished_run_past_its_planned_steps(tmp_path, capsys
     capsys.readouterr()
     longer = ["submit", *TINY, "--iterations", "8", "--run_dir", run_dir, "--dry_run"]
     assert cli.main(longer) == 2
-    assert "pass --extend rewarm" in capsys.readouterr().err
+    assert "pass --extend (rewarm" in capsys.readouterr().err
     assert cli.main([*longer, "--extend", "stretch"]) == 0
     script = capsys.readouterr().out
     assert "--iterations 8 --extend stretch)" in script, script
+    assert cli.main([*longer, "--extend"]) == 0  # alone: rewarm, which the job's train reads
+    script = capsys.readouterr().out
+    assert "--iterations 8 --extend)" in script, script

@@ -302,8 +302,8 @@ def test_an_edited_sweep_trains_on_where_the_schedule_allows_and_else_is_refused
         "at the steps already taken depends on the total; none and powerlaw never do)); to keep "
         "those runs, give the changed sweep file another name (its name: key) or another "
         "--runs_root, or undo the change to go on with them (--no_auto_resume moves them aside "
-        "and trains them afresh), or pass --extend rewarm (or stretch, reanchor) to continue "
-        "them to the longer train.iterations."]
+        "and trains them afresh), or pass --extend (rewarm; or --extend stretch, reanchor) to "
+        "continue them to the longer train.iterations."]
     assert {path: path.read_bytes() for path in root.rglob("*") if path.is_file()} == before
 
     # Without the cos_inf point, the constant schedule's run trains on from step 6 to 12.
@@ -316,15 +316,15 @@ def test_an_edited_sweep_trains_on_where_the_schedule_allows_and_else_is_refused
     assert "resumed from" in (root / "logs" / "schedulernone.log").read_text()
     assert json.loads((root / "schedulernone" / "plan.json").read_text())["plan"]["seed"] == 7
 
-    # With --extend, the cos_inf point is continued past its planned 6 steps too.
+    # With --extend (alone: rewarm), the cos_inf point is continued past its planned 6 steps too.
     spec.write_text(json.dumps({"name": "tiny", "base": {**base, "train.iterations": 12},
                                 "grid": {"optim.scheduler": ["none", "cos_inf"]}}))
-    extended = sweep(spec, "--seed", "7", "--no_wandb", "--extend", "stretch")
+    extended = sweep(spec, "--seed", "7", "--no_wandb", "--extend")
     assert extended.returncode == 0, extended.stderr
     cos_inf = root / "schedulercos_inf"
     assert run_state(cos_inf) == {"state": "complete", "step": 12, "iterations": 12}
-    assert [(e["from_step"], e["iterations"]) for e in json.loads(
-        (cos_inf / "run.json").read_text())["extensions"]] == [(6, 12)]
+    assert [(e["from_step"], e["iterations"], e["schedule_rule"]) for e in json.loads(
+        (cos_inf / "run.json").read_text())["extensions"]] == [(6, 12, "rewarm")]
 
 
 def test_a_sweep_file_that_is_not_utf8_is_one_sentence(tmp_path, capsys):

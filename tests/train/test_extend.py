@@ -84,7 +84,7 @@ def test_without_extend_a_longer_run_is_refused_naming_the_flag(finished):
     message = result.stderr.strip()
     assert len(message.splitlines()) == 1 and "Traceback" not in message, message
     assert "iterations: 10 → 20 (the cos_inf schedule" in message, message
-    assert "pass --extend rewarm (measured best for a run that finished" in message, message
+    assert "pass --extend (rewarm: measured best for a run that finished" in message, message
     assert (finished / "metrics.jsonl").read_text() == before
 
 

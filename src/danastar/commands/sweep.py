@@ -260,8 +260,8 @@ def refuse_changed_runs(sweep_name: str, runs: list[PlannedRun]) -> None:
     more = (f", and {others} more of its runs {'was' if others == 1 else 'were'} too"
             if others else "")
     longer = any(longer_total(change) for _, changes in problems for change in changes)
-    extend = (", or pass --extend rewarm (or stretch, reanchor) to continue them to the longer "
-              "train.iterations" if longer else "")
+    extend = (", or pass --extend (rewarm; or --extend stretch, reanchor) to continue them to "
+              "the longer train.iterations" if longer else "")
     raise UserError(f"sweep {sweep_name}: {first.run_dir} was trained with other settings than "
                     f"the sweep now gives it ({'; '.join(refused)}){more}; to keep those runs, "
                     f"give the changed sweep file another name (its name: key) or another "

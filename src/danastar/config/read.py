@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from danastar.config.schema import (
+    BARE_FLAGS,
     CONFIGS_DIR,
     DEFAULT_PRESET,
     FLAGS,
@@ -81,8 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="with --dry_run: print the whole resolved plan as JSON"
     )
     for flag, (_, kind, help_text) in FLAGS.items():
+        bare = {"nargs": "?", "const": BARE_FLAGS[flag]} if flag in BARE_FLAGS else {}
         # argparse formats help text with %: a literal one (`i % step`) is written %%
-        parser.add_argument(f"--{flag}", type=flag_type(kind), help=help_text.replace("%", "%%"))
+        parser.add_argument(f"--{flag}", type=flag_type(kind), help=help_text.replace("%", "%%"),
+                            **bare)
     for flag, (_, help_text) in SWITCHES.items():
         parser.add_argument(f"--{flag}", action="store_true", help=help_text.replace("%", "%%"))
     parser.add_argument(

@@ -180,6 +180,12 @@ class TrainConfig:
 
 
 # The original release's flags (and a few new ones), each mapped to its dotted key.
+# The LR rule of a bare `--extend`: the one measured best for a run that finished its schedule
+# (docs/study-extend.md); the decay's default is `train.identity.extend_decay_rule`.
+EXTEND_DEFAULT_RULE = "rewarm"
+# Flags that may be given without a value, and the value they then take.
+BARE_FLAGS = {"extend": EXTEND_DEFAULT_RULE}
+
 FLAGS: dict[str, tuple[str, type, str]] = {
     "arch": ("model.arch", str, "model architecture: " + "; ".join(
         f"{name}, {ladder.summary}" for name, ladder in LADDERS.items())),
@@ -220,8 +226,9 @@ FLAGS: dict[str, tuple[str, type, str]] = {
                             "powerlaw: steps per unit of time after warm-up (1)"),
     "iterations": ("train.iterations", int, "optimizer steps (default: the Chinchilla budget)"),
     "extend": ("optim.extend", str, "continue a stopped or finished run to a longer --iterations "
-               "by this LR-schedule rule: stretch | reanchor | rewarm (none: refused where the "
-               "schedule's past depends on the total)"),
+               "by this LR-schedule rule: stretch | reanchor | rewarm (--extend alone: "
+               f"{EXTEND_DEFAULT_RULE}, measured best for a run that finished its schedule; none: "
+               "refused where the schedule's past depends on the total)"),
     "extend_decay": ("optim.extend_decay", str, "with --extend, the weight decay's rule: "
                      "keep | reanchor (a log-time decay) | planned (default: keep for a "
                      "log-time decay, planned for AdamW's coupled one, as measured best)"),

@@ -75,9 +75,9 @@ EXTENSION_FOLLOWERS = ("iterations", "wd_ts", "weight_decay", "warmup_steps")
 # α = T^(1−κ) and their warm-ups of T steps), which an extension keeps as its checkpoint holds
 # them (`extension_hparams_problem` checks that only the iterations changed them).
 TOTAL_HPARAMS = ("betas", "alpha", "alpha_warmup", "beta3_warmup")
-EXTEND_FIX = ("to continue the run to the new total, pass --extend rewarm (measured best for a "
-              "run that finished its schedule; stretch or reanchor continue a decay that is not "
-              "over; docs/training.md, extending a run)")
+EXTEND_FIX = ("to continue the run to the new total, pass --extend (rewarm: measured best for a "
+              "run that finished its schedule; --extend stretch or reanchor continue a decay "
+              "that is not over; docs/training.md, extending a run)")
 # Settings derived from the plan that the checkpoints of runs older than run.json hold.
 PLAN_KEYS = ("arch", "heads", "n_layer", "n_head", "n_embd", "head_dim", "mlp_hidden",
              "vocab_size", "padded_vocab_size", "opt", "lr", "weight_decay", "wd_ts", "omega",
