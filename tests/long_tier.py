@@ -135,6 +135,12 @@ LONG_TESTS = {
     "tests/train/test_extend.py::test_a_stopped_run_reanchored_keeps_its_warm_up_and_reanchors_"
     "its_decay": "tests/optim/test_extension.py (the rules by hand in float64); "
                  "test_a_finished_run_extended_to_twice_its_steps_completes_and_resumes_bitwise",
+    "tests/train/test_extend.py::test_a_finished_run_on_a_schedule_that_ends_low_is_rewarmed_"
+    "and_resumes_bitwise[cos]": "its [wsd] case (the same path); tests/optim/test_extension.py "
+                                "(each schedule's rewarm by hand)",
+    "tests/train/test_extend.py::test_a_finished_run_on_a_schedule_that_ends_low_is_rewarmed_"
+    "and_resumes_bitwise[linear]": "its [wsd] case (the same path); "
+                                   "tests/optim/test_extension.py (each schedule's rewarm by hand)",
     "tests/train/test_generate.py::test_generation_from_a_sharded_checkpoint_equals_the_single_"
     "file_one": "the other generate tests, on single-file checkpoints",
     # -- the docs: pages whose commands train for minutes -----------------------------------------

@@ -77,6 +77,36 @@ def test_a_finished_run_extended_to_twice_its_steps_completes_and_resumes_bitwis
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("schedule", [["--scheduler", "cos"], ["--scheduler", "linear"],
+                                      ["--scheduler", "wsd", "--wsd_fract_decay", "0.5"]],
+                         ids=["cos", "linear", "wsd"])
+def test_a_finished_run_on_a_schedule_that_ends_low_is_rewarmed_and_resumes_bitwise(
+        schedule, tmp_path):
+    """`--extend` alone (rewarm) on a finished cos, linear or wsd run: the LR climbs from where
+    the planned schedule ended, as the library's rewarm says, and a stop mid-way resumes to
+    the uninterrupted extension bit for bit."""
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    assert_ok(run_train(["--iterations", "6", *schedule], whole))
+    shutil.copytree(whole, stopped)
+    args = ["--iterations", "12", *schedule, "--extend"]
+    assert_ok(run_train(args, whole))
+    assert_stopped_with_work_left(run_train([*args, "--iterations_to_run", "3"], stopped))
+    assert_ok(run_train(args, stopped))
+    assert compared(stopped) == compared(whole)
+    [extension] = extensions(whole)
+    assert (extension["schedule_rule"], extension["decay_rule"]) == ("rewarm", "keep")
+    name, options = schedule[1], ({"wsd_fract_decay": 0.5} if schedule[1] == "wsd" else {})
+    longer = extended_schedule(name, 0, 6, 12, from_step=6, rule="rewarm",
+                               rewarm_steps=extension["rewarm_steps"], **options)
+    lr = logged_lr(whole)
+    assert sorted(lr) == list(range(1, 13))
+    assert all(lr[step] == pytest.approx(PEAK * longer(step - 1), rel=1e-12, abs=1e-18)
+               for step in lr)
+    assert lr[7] == pytest.approx(PEAK * get_schedule(name, 0, 6, **options)(6), abs=1e-18)
+    assert lr[8] > lr[7]  # the climb back up
+
+
+@pytest.mark.slow
 def test_without_extend_a_longer_run_is_refused_naming_the_flag(finished):
     before = (finished / "metrics.jsonl").read_text()
     result = run_train(["--iterations", "20"], finished)
