@@ -197,6 +197,9 @@ def test_an_automatic_run_directory_finds_the_run_it_extends(tmp_path, monkeypat
     assert code == 0 and "5 steps × 256 tokens" in said, said
     assert ("extension    extended past its planned total: from step 3, 3 → 5 steps, the LR "
             "schedule by --extend stretch" in said and f"run dir      {first} " in said), said
+    stretched = extended_schedule("cos_inf", 0, 3, 5, from_step=3, rule="stretch")
+    assert ("the LR's factor of the peak: " + ", ".join(
+        f"{stretched(step - 1):.3g} at step {step}" for step in (3, 4, 5))) in said, said
     for argv in (["--extend", "stretch"], ["--extend", "stretch"], []):
         code, said = train("--iterations", "5", *argv)
         assert code == 0 and f"run directory {first};" in said, said

@@ -35,6 +35,7 @@ from danastar.train.decision import (
 )
 from danastar.train.estimate import estimated_time
 from danastar.train.memory import memory_problem
+from danastar.train.optimizer import extended_run_schedule
 from danastar.train.plan import planned_warning
 from danastar.train.start import extension_line
 
@@ -370,6 +371,7 @@ def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None,
                                   "from its checkpoint, whose weights need no export"))
     if extensions:
         rows.append(("extension", extension_line(extensions)))
+        rows.append(("", extended_lr_line(config, extensions)))
     run_dir = Path(planned["run_dir"])
     rows.append(("run dir", f"{run_dir} ({run_dir_state(run_dir, config, plan['iterations'])})"))
     lines = ["plan (--dry_run --json prints all of it as JSON):"]
@@ -380,6 +382,20 @@ def summary(config: TrainConfig, planned: dict, run_plan: Plan | None = None,
     if warning:
         lines.append(warning)
     return "\n".join(lines)
+
+
+def extended_lr_line(config: TrainConfig, extensions: list[dict]) -> str:
+    """Where the extended LR schedule goes from the join, as factors of the peak at its turning
+    steps (step k trains with the schedule's value at k − 1, as `metrics.jsonl` logs it)."""
+    extension = extensions[-1]
+    schedule = extended_run_schedule(config, extensions)
+    join, end = extension["from_step"], extension["iterations"]
+    steps = [join, join + 1]
+    if extension.get("rewarm_steps"):
+        steps.append(join + 1 + extension["rewarm_steps"])
+    steps = [step for step in dict.fromkeys([*steps, end]) if 1 <= step <= end]
+    points = ", ".join(f"{schedule(step - 1):.3g} at step {step:,}" for step in steps)
+    return f"the LR's factor of the peak: {points}"
 
 
 def continuing_advice(config: TrainConfig, plan: dict, exported_step: int | None) -> str:
