@@ -193,16 +193,18 @@ def test_an_automatic_run_directory_finds_the_run_it_extends(tmp_path, monkeypat
     first = base.with_name(f"{base.name}-it3")
     code, said = train("--iterations", "3")
     assert code == 0 and f"its own directory, {first}" in said, said
+    assert "too short for it" in said  # the log-time decay's warning, about its first steps
     code, said = train("--iterations", "5", "--extend", "stretch", "--dry_run")
     assert code == 0 and "5 steps × 256 tokens" in said, said
     assert ("extension    extended past its planned total: from step 3, 3 → 5 steps, the LR "
             "schedule by --extend stretch" in said and f"run dir      {first} " in said), said
+    assert "too short for it" not in said  # those steps are behind an extended run
     stretched = extended_schedule("cos_inf", 0, 3, 5, from_step=3, rule="stretch")
     assert ("the LR's factor of the peak: " + ", ".join(
         f"{stretched(step - 1):.3g} at step {step}" for step in (3, 4, 5))) in said, said
     for argv in (["--extend", "stretch"], ["--extend", "stretch"], []):
         code, said = train("--iterations", "5", *argv)
-        assert code == 0 and f"run directory {first};" in said, said
+        assert code == 0 and f"run directory {first};" in said and "too short" not in said, said
     assert [e["iterations"] for e in extensions(first)] == [5]
     assert max(m["step"] for m in metrics(first)) == 5
     assert sorted(path.name for path in base.parent.iterdir()) == [base.name, first.name]

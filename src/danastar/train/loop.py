@@ -145,7 +145,8 @@ def run(config: TrainConfig, env: parallel.Distributed, cleanup: contextlib.Exit
         run_identity.record_start(run_dir, identity, config, layout, step, env.world_size,
                                   start.accepted,
                                   start.extensions[-1] if start.extensions else None)
-    describe_start(log, run_dir, plan, layout, data, config, env, resumed)
+    describe_start(log, run_dir, plan, layout, data, config, env, resumed,
+                   extended=bool(start.extensions))
     if step >= plan.iterations:
         return already_finished(log, run_dir, data, config, env, step, plan.iterations)
 
@@ -225,7 +226,7 @@ def finish(stop: Stop, progress: Progress, *, log: RunLogger, run_dir: Path, is_
 
 def describe_start(log: RunLogger, run_dir: Path, plan: Plan, layout: BatchLayout,
                    data: TrainingData, config: TrainConfig, env: parallel.Distributed,
-                   resumed: Resumed | None) -> None:
+                   resumed: Resumed | None, extended: bool = False) -> None:
     counts = plan.params
     active = (f" ({counts.exact_active_params / 1e6:.2f}M active)" if plan.model.moe else "")
     corpus_tokens = data.tokens.train_tokens
@@ -237,7 +238,8 @@ def describe_start(log: RunLogger, run_dir: Path, plan: Plan, layout: BatchLayou
              f"{env.world_size} process(es), backend {env.backend}, device {env.device}")
     for warning in (repetition_warning(plan.tokens, layout.tokens_per_step, corpus_tokens,
                                        config.data.dataset),
-                    decay_warning(plan.weight_decay, plan.wd_ts)):
+                    # an extended run holds the decay it was continued with, past its start
+                    None if extended else decay_warning(plan.weight_decay, plan.wd_ts)):
         if warning:
             log.info(warning)
     if resumed:

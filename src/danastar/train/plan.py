@@ -87,11 +87,13 @@ def decay_warning(weight_decay, wd_ts) -> str | None:
 def planned_warning(planned: dict) -> str | None:
     """The plan's warnings, a line each: when it reads its corpus too many times (see
     `repetition_warning`), and when the run is too short for its log-time weight decay
-    (`decay_warning`)."""
+    (`decay_warning`; not for an extended run, whose decay is the one it was continued with,
+    past the start the warning is about)."""
     plan = planned["plan"]
+    decay = None if planned.get("extensions") else decay_warning(plan["weight_decay"],
+                                                                 plan["wd_ts"])
     lines = [repetition_warning(plan["tokens"], plan["tokens_per_step"],
-                                planned["corpus"]["train_tokens"], planned["dataset"]),
-             decay_warning(plan["weight_decay"], plan["wd_ts"])]
+                                planned["corpus"]["train_tokens"], planned["dataset"]), decay]
     return "\n".join(line for line in lines if line) or None
 
 
