@@ -184,7 +184,11 @@ def se_of(value: seeds.MeanSE | None) -> str:
 def percent(value: seeds.MeanSE | None) -> str:
     if value is None:
         return "–"
-    return f"{value.mean:.0%}" + ("" if value.n < 2 else f" ± {value.se:.0%}")
+    # an error under half a percent keeps a decimal, rather than reading "± 0%"
+    if value.n < 2:
+        return f"{value.mean:.0%}"
+    return f"{value.mean:.0%} ± {value.se:.1%}" if value.se < 0.005 else \
+        f"{value.mean:.0%} ± {value.se:.0%}"
 
 
 def table(steps: int) -> tuple[list[str], list[dict]]:
