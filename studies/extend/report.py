@@ -30,7 +30,6 @@ from study import (  # noqa: E402
     DECAY_WITH,
     EXTENDED_TO,
     FAIR_RECORDS,
-    LONGER_REWARM,
     OPTIMIZERS,
     RECORDS,
     SCHEDULE_RULES,
@@ -38,6 +37,7 @@ from study import (  # noqa: E402
     T1,
     Run,
     fair_record,
+    longer_rewarm,
     recorded,
 )
 
@@ -66,9 +66,7 @@ def conditions(optimizer: str, steps: int) -> list[tuple[str, str, int | None]]:
     `steps`, in the tables' order."""
     found = ([(rule, "keep", None) for rule in SCHEDULE_RULES]
              + [(DECAY_WITH, decay, None) for decay in DECAY_RULES[optimizer]])
-    if steps == max(EXTENDED_TO):
-        found.append(("rewarm", "keep", LONGER_REWARM))
-    return found
+    return [*found, ("rewarm", "keep", longer_rewarm(steps))]
 
 
 def condition_name(rule: str, decay: str, rewarm: int | None, code: str = "`") -> str:

@@ -67,10 +67,15 @@ DECAY_RULES = {"adamw": ("planned",), "adana": ("reanchor", "planned"),
                "dana-star-mk4": ("reanchor", "planned")}
 DECAY_WITH = "rewarm"  # the LR rule the decay rules run with
 # `rewarm` climbs back to the peak over the run's own warm-up (2 steps at T = 128) unless
-# --extend_rewarm says otherwise; also measured at 4T: over the warm-up of a run planned for 4T
-# (4T/50 = 10 steps), added to the grid after seed 0 showed ADana's loss rising for some 30 steps
-# after the 2-step climb
-LONGER_REWARM = max(EXTENDED_TO) // 50
+# --extend_rewarm says otherwise; also measured: over the warm-up of a run planned for T2
+# (T2/50: 10 steps at 4T), added to the grid at 4T after seed 0 showed ADana's loss rising for
+# some 30 steps after the 2-step climb, and at 2T (5 steps) before any result of it was seen,
+# so that a default drawn from it rests on both lengths
+
+
+def longer_rewarm(steps: int) -> int:
+    """The longer climb measured for an extension to `steps`: a planned run's warm-up."""
+    return steps // 50
 # Study III's runs of the same settings: (optimizer, steps) -> the record folders that hold them
 # (seed 0 of 4x sits in its LR sweep, the other seeds in its seeds sweep)
 FAIR_PLANNED = {("adamw", 512): ("sh-x4-adamw-lr", "sh-x4-adamw-seeds"),
@@ -128,7 +133,7 @@ def queue() -> list[Run]:
     """Every run the study trains, in order: the 4T headline for every seed first (the bases,
     the LR rules with the decay kept, and the planned runs Study III has not recorded), then
     the 4T decay rules for every seed, then the same two stages at 2T, and last the longer
-    rewarm at 4T."""
+    rewarm at 4T, then at 2T."""
     runs = [Run("base", o, seed, T1) for seed in SEEDS for o in OPTIMIZERS]
     for steps in EXTENDED_TO:
         for seed in SEEDS:
@@ -138,8 +143,8 @@ def queue() -> list[Run]:
                      if fair_record(o, steps, seed) is None]
         runs += [Run("extended", o, seed, steps, DECAY_WITH, decay)
                  for seed in SEEDS for o in OPTIMIZERS for decay in DECAY_RULES[o]]
-    runs += [Run("extended", o, seed, max(EXTENDED_TO), "rewarm", "keep", LONGER_REWARM)
-             for seed in SEEDS for o in OPTIMIZERS]
+    runs += [Run("extended", o, seed, steps, "rewarm", "keep", longer_rewarm(steps))
+             for steps in EXTENDED_TO for seed in SEEDS for o in OPTIMIZERS]
     return runs
 
 
