@@ -42,12 +42,15 @@ from study import (  # noqa: E402
 )
 
 from danastar.analysis import multiplier, seeds  # noqa: E402
+from danastar.config import load_config, schedule_options  # noqa: E402
 from danastar.errors import UserError  # noqa: E402
 from danastar.hparams import (  # noqa: E402
     decay_multiplier,
     extended_coupled_weight_decay,
     extended_weight_decay,
 )
+from danastar.optim import get_schedule  # noqa: E402
+from danastar.train.optimizer import extended_run_schedule  # noqa: E402
 
 OUT = ROOT / "docs" / "study-extend"
 SUMMARY = HERE / "summary.json"
@@ -261,24 +264,41 @@ def decay_in_effect(path: Path, base: Path | None) -> tuple[dict, int | None]:
     return {"before": (wd, wd_ts), "after": after}, extension["from_step"]
 
 
+def schedule(path: Path):
+    """The run's LR schedule, by the function `danastar train` ran it with (step k trains with
+    its value at k − 1): planned from its config, or continued by its recorded extension."""
+    config = load_config(["--config", str(path / "config.yaml")])[0]
+    extensions = json.loads((path / "run.json").read_text()).get("extensions")
+    if extensions:
+        return extended_run_schedule(config, extensions)
+    planned = identity(path)
+    return get_schedule(config.optim.scheduler, planned["warmup_steps"], planned["iterations"],
+                        **schedule_options(config))
+
+
 def curves(path: Path, base: Path | None = None) -> dict:
-    """A run's validation loss (8 batches; not the whole-set final one), LR factor, and the
-    share of a weight its decay removes per step, by step; for an extension, `base` is the run
-    it continues."""
+    """A run's validation loss (8 batches; not the whole-set final one) as logged, and its LR
+    factor and the share of a weight its decay removes at every step, from its schedule (checked
+    against every factor the run logged); for an extension, `base` is the run it continues."""
     decay, join = decay_in_effect(path, base)
+    factor = schedule(path)
     found = {"val": [], "lr": [], "decay": []}
     for m in metrics(path):
         if "val_loss" in m and not m.get("final") and m["step"] > 0:
             found["val"].append((m["step"], m["val_loss"]))
-        if "lr_factor" in m:
-            step = m["step"]
-            found["lr"].append((step, m["lr_factor"]))
-            wd, wd_ts = decay["before" if join is None or step <= join else "after"]
-            if wd_ts is None:  # AdamW: p <- p - lr_t * lambda * p
-                removed = m["lr"] * wd
-            else:  # the multiplier of the step logged as `step` (k = step, as the optimizers)
-                removed = 1 - decay_multiplier(wd, m["lr_factor"], step, wd_ts)
-            found["decay"].append((step, removed))
+        if "lr_factor" in m and abs(factor(m["step"] - 1) - m["lr_factor"]) > 1e-12:
+            raise UserError(f"{path.name} logged an LR factor of {m['lr_factor']} at step "
+                            f"{m['step']}, not its schedule's {factor(m['step'] - 1)}")
+    peak = identity(path)["lr"]
+    for step in range(1, identity(path)["iterations"] + 1):
+        lr_factor = factor(step - 1)
+        found["lr"].append((step, lr_factor))
+        wd, wd_ts = decay["before" if join is None or step <= join else "after"]
+        if wd_ts is None:  # AdamW: p <- p - lr_t * lambda * p
+            removed = peak * lr_factor * wd
+        else:  # the multiplier of step k (1-based, as the optimizers count)
+            removed = 1 - decay_multiplier(wd, lr_factor, step, wd_ts)
+        found["decay"].append((step, removed))
     return found
 
 
