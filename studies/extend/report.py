@@ -174,6 +174,33 @@ def tuned_table(steps: int) -> tuple[list[str], list[dict]]:
     return lines, rows
 
 
+def climb_table() -> tuple[list[str], list[dict]]:
+    """`rewarm` over a planned run's warm-up (T2/50) against over the run's own (2 steps),
+    both with the decay kept, paired by seed: what the climb's length changes."""
+    lines = ["| optimizer | extended to | seeds | over T2/50 − over the run's own warm-up "
+             "(paired) |", "|---|---|---|---|"]
+    rows = []
+    for steps in EXTENDED_TO:
+        for optimizer in OPTIMIZERS:
+            pairs = [(longer, own) for longer, own in (
+                (loss(Run("extended", optimizer, seed, steps, "rewarm", "keep",
+                          longer_rewarm(steps))),
+                 loss(Run("extended", optimizer, seed, steps, "rewarm", "keep")))
+                for seed in SEEDS) if longer is not None and own is not None]
+            if not pairs:
+                continue
+            gap = seeds.mean_se([longer - own for longer, own in pairs])
+            lines.append(f"| {NAMES[optimizer]} | {steps} (over {longer_rewarm(steps)} steps) | "
+                         f"{len(pairs)} | {gap.mean:+.4f}{se_of(gap)} |")
+            rows.append({"optimizer": optimizer, "from_steps": T1, "steps": steps,
+                         "lr_rule": "rewarm", "decay_rule": "keep",
+                         "rewarm_steps": longer_rewarm(steps), "seeds": len(pairs),
+                         "against": "rewarm over the run's own warm-up",
+                         "gap": round(gap.mean, 6),
+                         "gap_se": None if math.isnan(gap.se) else round(gap.se, 6)})
+    return (lines if rows else []), rows
+
+
 def planned_row(optimizer: str, steps: int) -> seeds.MeanSE | None:
     values = [v for v in (loss(planned(optimizer, steps, s)) for s in SEEDS) if v is not None]
     return seeds.mean_se(values) if values else None
@@ -373,6 +400,14 @@ def report() -> None:
                      f"against AdamW planned for {steps} steps with the warm-up Study III tuned "
                      "for it at 512 (T/5), paired by seed.", "", *lines, ""]
             rows += found
+    lines, found = climb_table()
+    if lines:
+        text += ["## The climb's length", "",
+                 "`rewarm` climbing back to the peak over the warm-up of a run planned for T2 "
+                 f"(T2/50) against over the run's own ({T1 // 50} steps), both with the decay "
+                 "kept, paired by seed (negative: the longer climb is better).", "", *lines,
+                 ""]
+        rows += found
     figure = figure_writer(OUT, text)
     for steps in EXTENDED_TO:
         figure(f"join_{steps}", lambda steps=steps: join_figure(steps))
