@@ -309,15 +309,22 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
                  "iterations": current["iterations"], "schedule_rule": config.optim.extend,
                  "decay_rule": config.optim.extend_decay or extend_decay_rule(recorded, config),
                  "warmup_steps": warmup}
-    if config.optim.extend == "rewarm":  # back up over the run's warm-up, or if none a 50th
-        extension["rewarm_steps"] = (config.optim.extend_rewarm or warmup
-                                     or max(1, (current["iterations"] - step) // 50))
+    if config.optim.extend == "rewarm":
+        extension["rewarm_steps"] = rewarm_steps(config, warmup, current["iterations"] - step)
     check_extension_rules([*extensions, extension], recorded, config)
     check_total_hparams(recorded, current, config)
     previous = extensions[-1] if extensions else recorded
     if "weight_decay" in previous:  # (an extension recorded before it was kept: not known)
         extension.update(decay_in_effect({**recorded, **previous}, extension))
     return [*extensions, extension]
+
+
+def rewarm_steps(config, warmup: int, left: int) -> int:
+    """The steps `--extend rewarm` climbs back to the peak over: `--extend_rewarm`, else the
+    run's own warm-up `warmup` (a climb over a run planned for the new total's warm-up measured
+    no better, docs/study-extend.md) but at most the `left` steps, else, where the run had
+    none, a 50th of the steps left."""
+    return config.optim.extend_rewarm or min(warmup, left) or max(1, left // 50)
 
 
 def coupled_from_length(recorded: dict[str, Any], config) -> bool:
