@@ -333,7 +333,7 @@ def curves(path: Path, base: Path | None = None) -> dict:
 def join_figure(steps: int, seed: int = 0):
     colours = rcParams["axes.prop_cycle"].by_key()["color"]
 
-    fig = Figure(figsize=(4.2 * len(OPTIMIZERS), 9.0), layout="constrained")
+    fig = Figure(figsize=(4.2 * len(OPTIMIZERS), 10.5), layout="constrained")
     axes = fig.subplots(3, len(OPTIMIZERS), sharex=True, squeeze=False)
     drawn = 0
     for column, optimizer in enumerate(OPTIMIZERS):
@@ -357,8 +357,10 @@ def join_figure(steps: int, seed: int = 0):
             ax.axvline(T1, color="grey", ls=":", lw=1)
         axes[2][column].set_yscale("log")
         axes[2][column].set_xlabel("step")
-        if lines:
-            axes[0][column].legend(fontsize=7, loc="upper right")
+        if lines:  # below the column, where it hides no curve (colours differ by column)
+            handles, labels = axes[0][column].get_legend_handles_labels()
+            axes[2][column].legend(handles, labels, fontsize=8, loc="upper center",
+                                   bbox_to_anchor=(0.5, -0.22), frameon=False)
             # from half the base's steps on: the join and the rise a rewarm makes after it
             shown = [v for _, _, _, f in lines for step, v in f["val"] if step >= T1 // 2]
             axes[0][column].set_ylim(min(shown) - 0.05, max(shown) + 0.05)
