@@ -342,13 +342,13 @@ def test_rewarm_climbs_over_the_runs_own_warm_up_but_never_past_the_steps_left(t
     """Without `--extend_rewarm`, rewarm climbs over the run's own warm-up (3 steps here), or
     over the steps left where the extension is shorter than that."""
     def train(*argv):
-        code = danastar_main(["train", *TINY, "--log_interval", "50", "--eval_interval", "50",
-                              "--run_dir", str(tmp_path / "run"), *argv])
+        code = danastar_main(["train", *TINY, "--warmup_steps", "3", "--run_dir",
+                              str(tmp_path / "run"), *argv])
         out = capsys.readouterr()
         return code, out.out + out.err
 
-    assert train("--iterations", "150")[0] == 0  # a warm-up of 3 steps
-    for total, climb in ((600, 3), (152, 2)):
+    assert train("--iterations", "10")[0] == 0
+    for total, climb in ((40, 3), (12, 2)):
         code, said = train("--iterations", str(total), "--extend", "--dry_run")
         assert code == 0 and (f"planned with its warm-up of 3 steps, back up to the peak over "
                               f"{climb} steps" in said), said
