@@ -179,13 +179,13 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# The original release's flags (and a few new ones), each mapped to its dotted key.
 # The LR rule of a bare `--extend`: the one measured best for a run that finished its schedule
 # (docs/study-extend.md); the decay's default is `train.identity.extend_decay_rule`.
 EXTEND_DEFAULT_RULE = "rewarm"
 # Flags that may be given without a value, and the value they then take.
 BARE_FLAGS = {"extend": EXTEND_DEFAULT_RULE}
 
+# The original release's flags (and a few new ones), each mapped to its dotted key.
 FLAGS: dict[str, tuple[str, type, str]] = {
     "arch": ("model.arch", str, "model architecture: " + "; ".join(
         f"{name}, {ladder.summary}" for name, ladder in LADDERS.items())),
