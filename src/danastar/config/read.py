@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="with --dry_run: print the whole resolved plan as JSON"
     )
     for flag, (_, kind, help_text) in FLAGS.items():
-        bare = {"nargs": "?", "const": BARE_FLAGS[flag]} if flag in BARE_FLAGS else {}
+        bare = (dict(zip(("const", "metavar"), BARE_FLAGS[flag]), nargs="?")
+                if flag in BARE_FLAGS else {})
         # argparse formats help text with %: a literal one (`i % step`) is written %%
         parser.add_argument(f"--{flag}", type=flag_type(kind), help=help_text.replace("%", "%%"),
                             **bare)

@@ -182,8 +182,8 @@ class TrainConfig:
 # The LR rule of a bare `--extend`: the one measured best for a run that finished its schedule
 # (docs/study-extend.md); the decay's default is `train.identity.extend_decay_rule`.
 EXTEND_DEFAULT_RULE = "rewarm"
-# Flags that may be given without a value, and the value they then take.
-BARE_FLAGS = {"extend": EXTEND_DEFAULT_RULE}
+# Flags that may be given without a value: the value they then take, and what --help calls it.
+BARE_FLAGS = {"extend": (EXTEND_DEFAULT_RULE, "RULE")}
 
 # The original release's flags (and a few new ones), each mapped to its dotted key.
 FLAGS: dict[str, tuple[str, type, str]] = {
