@@ -230,10 +230,13 @@ def test_each_config_is_merged_over_defaults_no_earlier_one_changed():
     assert second.optim.lr is None
 
 
-def test_extend_alone_takes_the_measured_best_rule_and_an_override_after_it_is_named():
+def test_extend_alone_takes_the_measured_best_rule_wherever_it_stands():
     assert load_config(["--extend"])[0].optim.extend == "rewarm"
     assert load_config(["train.seed=3", "--extend"])[0].optim.extend == "rewarm"
+    assert load_config(["--extend", "--seed", "3"])[0].optim.extend == "rewarm"
+    config = load_config(["--extend", "train.seed=3"])[0]  # the override stays an override
+    assert (config.optim.extend, config.train.seed) == ("rewarm", 3)
     assert load_config(["--extend", "stretch"])[0].optim.extend == "stretch"
-    with pytest.raises(UserError, match=r"--extend took 'train.seed=3' as its rule; name the rule "
-                                        r"\(--extend rewarm\), or put --extend after the "):
-        load_config(["--extend", "train.seed=3"])
+    with pytest.raises(UserError, match="optim.extend 'strech' is not known; did you mean "
+                                        "'stretch'"):
+        load_config(["--extend", "strech"])

@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import difflib
 import re
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
@@ -35,10 +36,30 @@ from danastar.scaling import json_ready
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose mistakes are one UserError sentence (exit 2), not usage text and exit."""
+    """argparse whose mistakes are one UserError sentence (exit 2), not usage text and exit,
+    and whose flags that may stand alone (BARE_FLAGS) take their value when they do."""
 
     def error(self, message: str) -> NoReturn:
         raise UserError(argparse_sentence(message))
+
+    def parse_known_args(self, args=None, namespace=None):
+        # every parse_* goes through here (the intermixed one of `danastar sweep` too)
+        return super().parse_known_args(
+            with_bare_values(sys.argv[1:] if args is None else list(args)), namespace)
+
+
+def with_bare_values(argv: list[str]) -> list[str]:
+    """`argv` with each flag of BARE_FLAGS that stands alone (last, before another flag, or
+    before a section.key=value override, which argparse would take as its value) followed by
+    the value it then takes."""
+    bare = {f"--{flag}": value for flag, (value, _) in BARE_FLAGS.items()}
+    found = []
+    for index, token in enumerate(argv):
+        found.append(token)
+        after = argv[index + 1] if index + 1 < len(argv) else None
+        if token in bare and (after is None or after.startswith("-") or "=" in after):
+            found.append(bare[token])
+    return found
 
 
 def argparse_sentence(message: str) -> str:
@@ -82,11 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="with --dry_run: print the whole resolved plan as JSON"
     )
     for flag, (_, kind, help_text) in FLAGS.items():
-        bare = (dict(zip(("const", "metavar"), BARE_FLAGS[flag]), nargs="?")
-                if flag in BARE_FLAGS else {})
+        # a flag that may stand alone: `with_bare_values` gives it its value; --help shows it
+        shown = {"metavar": f"[{BARE_FLAGS[flag][1]}]"} if flag in BARE_FLAGS else {}
         # argparse formats help text with %: a literal one (`i % step`) is written %%
         parser.add_argument(f"--{flag}", type=flag_type(kind), help=help_text.replace("%", "%%"),
-                            **bare)
+                            **shown)
     for flag, (_, help_text) in SWITCHES.items():
         parser.add_argument(f"--{flag}", action="store_true", help=help_text.replace("%", "%%"))
     parser.add_argument(

@@ -139,10 +139,6 @@ def check_choices(config: TrainConfig) -> None:
     choose("optim.scheduler", config.optim.scheduler, tuple(SCHEDULES))
     choose("optim.decay_type", config.optim.decay_type, tuple(DECAY_TYPES))
     if config.optim.extend is not None:
-        if "=" in config.optim.extend:  # `--extend a.b=c`: argparse took the override as the rule
-            raise UserError(f"--extend took {config.optim.extend!r} as its rule; name the rule "
-                            f"(--extend rewarm), or put --extend after the section.key=value "
-                            f"overrides.")
         choose("optim.extend", config.optim.extend, LR_RULES)
     if config.optim.extend_decay is not None:
         choose("optim.extend_decay", config.optim.extend_decay, DECAY_RULES)
