@@ -293,11 +293,11 @@ def run_extensions(record: Optional[dict[str, Any]], current: dict[str, Any], st
     if current["iterations"] == recorded["iterations"] or config.optim.extend is None:
         # the same total (or `changed_settings` said why the iterations cannot change)
         last = extensions[-1] if extensions else None
-        given = (config.optim.extend_decay, config.optim.extend_rewarm)
+        decay, rewarm = config.optim.extend_decay, config.optim.extend_rewarm
         if last and config.optim.extend is not None and (
                 config.optim.extend != last["schedule_rule"]
-                or given[0] not in (None, last["decay_rule"])
-                or given[1] not in (None, last.get("rewarm_steps"))):
+                or decay not in (None, last["decay_rule"])
+                or rewarm not in (None, last.get("rewarm_steps"))):
             raise UserError(f"this run was extended at step {last['from_step']} to "
                             f"{last['iterations']} steps by --extend {last['schedule_rule']} "
                             f"--extend_decay {last['decay_rule']}{recorded_rewarm(last)}; resume "
@@ -338,7 +338,7 @@ def coupled_from_length(recorded: dict[str, Any], config) -> bool:
 def extend_decay_rule(recorded: dict[str, Any], config) -> str:
     """The decay rule of an extension that names none, the measured best for the run's decay
     (docs/study-extend.md): `planned` for a coupled decay planned from the run's length
-    (kept, four times a longer run's per step), `keep` for any other."""
+    (kept, it removes T2/T1 times a longer run's share per step), `keep` for any other."""
     return "planned" if coupled_from_length(recorded, config) else "keep"
 
 
