@@ -25,6 +25,8 @@ import math
 import sys
 from pathlib import Path
 
+from scipy import stats
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # studies/common.py, which puts src/ on the path too
 sys.path.insert(0, str(HERE))
@@ -231,8 +233,9 @@ def seed0_table(results: Results) -> list[str]:
 
 def multiplier_table(results: Results) -> tuple[list[str], list[dict]]:
     lines = ["| corpus | horizon | tokens/param | epochs | optimizer | recipe | final loss | "
-             f"{BASELINE}'s loss (same recipe) | within the horizon | the paper's estimator |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"{BASELINE}'s loss (same recipe) | − {BASELINE}'s, paired by seed (t, p) | "
+             "within the horizon | the paper's estimator |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for corpus in CORPORA:
         for recipe in RECIPES:
@@ -245,6 +248,7 @@ def multiplier_table(results: Results) -> tuple[list[str], list[dict]]:
                     if len(mine) < len(SEEDS):
                         continue
                     theirs = results.chosen_runs(corpus, horizon, BASELINE, recipe)
+                    gap = paired_gap(mine, theirs)
                     cells = []
                     for estimator, value, outside in (
                             ("within-horizon", *_inside(inside[horizon].get(optimizer))),
@@ -254,13 +258,33 @@ def multiplier_table(results: Results) -> tuple[list[str], list[dict]]:
                             continue
                         cells.append(pm(value, ".2f") + (" (extrapolated)" if outside else ""))
                         rows.append(summary_row(results, corpus, horizon, optimizer, recipe,
-                                                estimator, value, mine[0].lr, outside))
+                                                estimator, value, mine[0].lr, outside, gap))
                     lines.append(f"| {CORPORA[corpus]} | {horizon}× | "
                                  f"{fmt(results.tokens_per_param(corpus, horizon), '.2f')} | "
                                  f"{fmt(results.epochs(corpus, steps), '.2f')} | {optimizer} | "
                                  f"{recipe} | {loss_of(mine)} | {loss_of(theirs)} | "
-                                 f"{cells[0]} | {cells[1]} |")
+                                 f"{gap_cell(gap)} | {cells[0]} | {cells[1]} |")
     return lines, rows
+
+
+def paired_gap(mine: list[records.Run], theirs: list[records.Run]
+               ) -> tuple[seeds.MeanSE, float] | None:
+    """An optimizer's final loss minus AdamW's, seed by seed (the same data order on both sides),
+    with the two-sided p of the paired t-test (n − 1 degrees of freedom)."""
+    by_seed = {r.seed: r.final_loss for r in theirs}
+    differences = [r.final_loss - by_seed[r.seed] for r in mine if r.seed in by_seed]
+    if len(differences) < 2:
+        return None
+    gap = seeds.mean_se(differences)
+    return gap, float(2 * stats.t.sf(abs(gap.mean / gap.se), gap.n - 1))
+
+
+def gap_cell(gap: tuple[seeds.MeanSE, float] | None) -> str:
+    if gap is None:
+        return "–"
+    difference, p = gap
+    t = difference.mean / difference.se
+    return f"{difference.mean:+.4f} ± {difference.se:.4f} ({t:+.1f}, {p:.2f})"
 
 
 def _inside(found: budgets.BudgetMultiplier | None) -> tuple[seeds.MeanSE | None, bool]:
@@ -268,7 +292,8 @@ def _inside(found: budgets.BudgetMultiplier | None) -> tuple[seeds.MeanSE | None
 
 
 def summary_row(results: Results, corpus: str, horizon: int, optimizer: str, recipe: str,
-                estimator: str, value: seeds.MeanSE, lr: float, outside: bool) -> dict:
+                estimator: str, value: seeds.MeanSE, lr: float, outside: bool,
+                gap: tuple[seeds.MeanSE, float] | None) -> dict:
     pair = results.planner.chosen[(corpus, horizon, optimizer, recipe)]
     steps = STEPS[horizon]
     return {"heads": 2, "tokens_per_param": clean(results.tokens_per_param(corpus, horizon), 3),
@@ -276,7 +301,10 @@ def summary_row(results: Results, corpus: str, horizon: int, optimizer: str, rec
             "multiplier": clean(value.mean, 4), "multiplier_se": clean(value.se, 3),
             "seeds": value.n, "best_lr": clean(lr, 4), "recipe": recipe,
             "corpus": CORPORA[corpus], "epochs": clean(results.epochs(corpus, steps), 3),
-            "warmup_steps": warmup_steps(steps, pair[1]), "extrapolated": outside}
+            "warmup_steps": warmup_steps(steps, pair[1]), "extrapolated": outside,
+            "loss_minus_baseline": None if gap is None else clean(gap[0].mean, 4),
+            "loss_minus_baseline_se": None if gap is None else clean(gap[0].se, 3),
+            "paired_p": None if gap is None else clean(gap[1], 3)}
 
 
 # ---- figures ----------------------------------------------------------------------------------
@@ -311,13 +339,17 @@ def multiplier_figure(rows: list[dict], corpus: str):
                                 marker="^" if r["extrapolated"] else "o",
                                 markerfacecolor=colour if fill else "white")
         ax.set_xscale("log")
-        ax.set_xticks(sorted({r["tokens_per_param"] for r in mine}))
+        ticks = sorted({r["tokens_per_param"] for r in mine})
+        ax.set_xticks(ticks)
+        # the two recipes sit 3% either side of their horizon: a margin keeps that visibly small
+        ax.set_xlim(ticks[0] / 1.5, ticks[-1] * 1.5)
         ax.get_xaxis().set_major_formatter(_plain())
         ax.minorticks_off()
         ax.grid(True, which="both", alpha=0.2)
         ax.set_xlabel("tokens per parameter")
-        ax.set_title("within the horizon" if estimator == "within-horizon"
-                     else "the paper's estimator (▲: extrapolated off AdamW's curve)",
+        ax.set_title("within the horizon (▲: extrapolated off AdamW's budget curve)"
+                     if estimator == "within-horizon" else
+                     "the paper's estimator (▲: extrapolated off AdamW's horizon curve)",
                      fontsize=9)
     axes[0].set_ylabel(f"compute multiplier vs {plots.display_name(BASELINE)}, same recipe")
     handles, labels = axes[0].get_legend_handles_labels()
@@ -396,7 +428,9 @@ def report() -> None:
     lines, rows = multiplier_table(results)
     text += ["## Compute multipliers against AdamW under the same recipe", "",
              "Mean ± standard error over 3 seeds, each read off AdamW's curve of the same seed "
-             "and recipe.", "", *lines, "",
+             "and recipe. The loss gap is paired by seed (the same data order on both sides), "
+             "with its t-statistic and the two-sided p of the paired t-test (2 degrees of "
+             "freedom with 3 seeds).", "", *lines, "",
              "## Every seed-0 run so far", "",
              "The LR and warm-up sweeps as recorded, at each horizon's steps (AdamW's shorter "
              "and longer budgets are in the records).", "", *seed0_table(results), ""]
