@@ -162,11 +162,10 @@ def recipe_table(results: Results) -> list[str]:
                 if not paper:
                     continue
                 change = "–"
-                by_seed = {r.seed: r.final_loss for r in paper}
-                paired = [r.final_loss - by_seed[r.seed] for r in tuned if r.seed in by_seed]
-                if len(paired) > 1:  # the same seeds' data orders: their differences
-                    difference = seeds.mean_se(paired)
-                    change = f"{difference.mean:+.4f} ± {difference.se:.4f} ({len(paired)})"
+                gap = paired_gap(tuned, paper)  # the same seeds' data orders: their differences
+                if gap is not None:
+                    difference = gap[0]
+                    change = f"{difference.mean:+.4f} ± {difference.se:.4f} ({difference.n})"
                 lines.append(
                     f"| {CORPORA[corpus]} | {horizon}× | {steps} | "
                     f"{fmt(results.tokens_per_param(corpus, horizon), '.2f')} | "
@@ -276,14 +275,16 @@ def paired_gap(mine: list[records.Run], theirs: list[records.Run]
     if len(differences) < 2:
         return None
     gap = seeds.mean_se(differences)
-    return gap, float(2 * stats.t.sf(abs(gap.mean / gap.se), gap.n - 1))
+    t = abs(gap.mean) / gap.se if gap.se > 0 else math.inf
+    return gap, float(2 * stats.t.sf(t, gap.n - 1))
 
 
 def gap_cell(gap: tuple[seeds.MeanSE, float] | None) -> str:
     if gap is None:
         return "–"
     difference, p = gap
-    t = difference.mean / difference.se
+    t = difference.mean / difference.se if difference.se > 0 else math.copysign(math.inf,
+                                                                               difference.mean)
     return f"{difference.mean:+.4f} ± {difference.se:.4f} ({t:+.1f}, {p:.2f})"
 
 
