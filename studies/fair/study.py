@@ -21,14 +21,17 @@ tokens of public-domain prose that a 32x run reads about once):
   best x 1/2, 1, 2; while the best sits at an edge, two more LRs beyond it, at most 3 times),
   3 seeds at the best (on `shakespeare`, Study II's grid and rule in float32).
 * **each tuned**: at the paper's best LR, the warm-up chosen from T/50, T/10 and T/5 (while the
-  best sits at an edge, the next of T/100, 0 below or 2T/5 above); at that warm-up the LR
+  best sits at an edge, the next of T/100, 0 below or 2T/5 above; then, while the loss still
+  falls towards the ladder's other edge, the next there too); at that warm-up the LR
   re-checked at x 1/2, 1, 2 (widened as above); 3 seeds at the best pair.
 
 AdamW, the baseline, also runs at 1/4 and 1/2 of each horizon's steps at its best pair (same
 warm-up fraction; its loss against compute, for the within-horizon multiplier), and at twice the
 steps where another optimizer's three-seed mean beats its own.
 
-The grid was fixed before any of its results were seen; its order (`GROUPS`) puts the headline
+The grid was fixed before any of its results were seen, with one amendment, which only adds
+runs: the warm-up's other edge (2026-11-28, after AdamW's prose 1x sweep fell towards both ends
+and its 4x budget run at 2T/5 beat the 1x pick). Its order (`GROUPS`) puts the headline
 first: Shakespeare 4x, then the fresh corpus's horizons, the paper's other baselines at 4x on
 it, then the rest. A run whose configuration equals one already recorded is not trained again
 (the warm-up sweep's T/50 point is the paper recipe's run at that LR, for instance).
@@ -266,6 +269,17 @@ class Planner:
                                  f"law's): the warm-up sweep")
         if best_index is None:
             return None
+        # The ladder's far side too, where the loss still falls towards it: a warm-up's loss
+        # need not have one minimum (AdamW's at prose 1x falls towards both 0 and 2T/5).
+        first_choice, far = best_index, warmup_far_side(warmup_losses())
+        if far:
+            best_index = self.settle(f"{corpus}-x{horizon}-{optimizer}-warmup-far-side", corpus,
+                                     horizon, warmup_losses, far, warmup_far_side, warmup_key,
+                                     (*priority, 1, horizon, MAX_WIDENINGS + 1),
+                                     f"{where}, at the paper recipe's best LR ({centre:g} x "
+                                     f"the law's): the warm-up sweep's far side")
+            if best_index is None:
+                return None
         warmup = warmup_steps(steps, best_index)
 
         def lr_key(multiplier, seed=0):
@@ -276,7 +290,11 @@ class Planner:
                     if (k.corpus, k.steps, k.optimizer, k.warmup, k.seed)
                     == (corpus, steps, optimizer, warmup, 0)}
 
-        best = self.settle(f"{corpus}-x{horizon}-{optimizer}-lr-at-warmup", corpus, horizon,
+        # named by its warm-up only where the far side moved the choice, so that the sweeps
+        # recorded before that amendment keep their names
+        name = f"{corpus}-x{horizon}-{optimizer}-lr-at-warmup" + (
+            f"{warmup}" if best_index != first_choice else "")
+        best = self.settle(name, corpus, horizon,
                            lr_losses, [float(rounded(centre * m)) for m in STEP_GRID],
                            lr_beyond, lr_key, (*priority, 2, horizon),
                            f"{where}, at warm-up {warmup_label(best_index)} ({warmup} steps): "
@@ -328,6 +346,20 @@ class Planner:
 def lr_beyond(losses: dict[float, float]) -> list[float]:
     beyond = common.beyond_edge(losses)
     return [] if beyond is None else [float(rounded(m)) for m in beyond]
+
+
+def warmup_far_side(losses: dict[int, float]) -> list[int]:
+    """The next warm-up past each edge of a settled sweep (indices into `WARMUPS`, a contiguous
+    run of them) whose loss is below its inner neighbour's: the loss still falls that way."""
+    low, high = min(losses), max(losses)
+    if high == low:
+        return []
+    far = []
+    if losses[low] < losses[low + 1] and low > 0:
+        far.append(low - 1)
+    if losses[high] < losses[high - 1] and high + 1 < len(WARMUPS):
+        far.append(high + 1)
+    return far
 
 
 def warmup_beyond(losses: dict[int, float]) -> list[int]:
