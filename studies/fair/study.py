@@ -67,7 +67,7 @@ STEP_GRID = (0.5, 1, 2)  # x the previous horizon's best (the paper's), or x the
 MAX_WIDENINGS = 3
 SEEDS = (0, 1, 2)
 # Warm-up as a fraction of the steps (numerator, denominator), in order: the first three around
-# the paper's T/50 are always run; the others only while the best sits at an edge.
+# the paper's T/50 are always run; the others only while the loss still falls towards them.
 WARMUPS = ((0, 1), (1, 100), (1, 50), (1, 10), (1, 5), (2, 5))
 FIRST_WARMUPS = (2, 3, 4)  # indices into WARMUPS: T/50, T/10, T/5
 PAPER_WARMUP = 2
@@ -269,17 +269,6 @@ class Planner:
                                  f"law's): the warm-up sweep")
         if best_index is None:
             return None
-        # The ladder's far side too, where the loss still falls towards it: a warm-up's loss
-        # need not have one minimum (AdamW's at prose 1x falls towards both 0 and 2T/5).
-        first_choice, far = best_index, warmup_far_side(warmup_losses())
-        if far:
-            best_index = self.settle(f"{corpus}-x{horizon}-{optimizer}-warmup-far-side", corpus,
-                                     horizon, warmup_losses, far, warmup_far_side, warmup_key,
-                                     (*priority, 1, horizon, MAX_WIDENINGS + 1),
-                                     f"{where}, at the paper recipe's best LR ({centre:g} x "
-                                     f"the law's): the warm-up sweep's far side")
-            if best_index is None:
-                return None
         warmup = warmup_steps(steps, best_index)
 
         def lr_key(multiplier, seed=0):
@@ -290,10 +279,13 @@ class Planner:
                     if (k.corpus, k.steps, k.optimizer, k.warmup, k.seed)
                     == (corpus, steps, optimizer, warmup, 0)}
 
-        # named by its warm-up only where the far side moved the choice, so that the sweeps
-        # recorded before that amendment keep their names
-        name = f"{corpus}-x{horizon}-{optimizer}-lr-at-warmup" + (
-            f"{warmup}" if best_index != first_choice else "")
+        # Named by its warm-up where a sweep of the plain name re-checked another one (the
+        # warm-up's far side can move the choice after that sweep is recorded).
+        name = f"{corpus}-x{horizon}-{optimizer}-lr-at-warmup"
+        if any(k.warmup != warmup and (k.corpus, k.steps, k.optimizer) == (corpus, steps, optimizer)
+               and (sweep == name or sweep.startswith(f"{name}-widen"))
+               for k, (sweep, _) in self.known.items()):
+            name += str(warmup)
         best = self.settle(name, corpus, horizon,
                            lr_losses, [float(rounded(centre * m)) for m in STEP_GRID],
                            lr_beyond, lr_key, (*priority, 2, horizon),
@@ -348,26 +340,18 @@ def lr_beyond(losses: dict[float, float]) -> list[float]:
     return [] if beyond is None else [float(rounded(m)) for m in beyond]
 
 
-def warmup_far_side(losses: dict[int, float]) -> list[int]:
-    """The next warm-up past each edge of a settled sweep (indices into `WARMUPS`, a contiguous
-    run of them) whose loss is below its inner neighbour's: the loss still falls that way."""
-    low, high = min(losses), max(losses)
-    if high == low:
-        return []
-    far = []
-    if losses[low] < losses[low + 1] and low > 0:
-        far.append(low - 1)
-    if losses[high] < losses[high - 1] and high + 1 < len(WARMUPS):
-        far.append(high + 1)
-    return far
-
-
 def warmup_beyond(losses: dict[int, float]) -> list[int]:
-    best = min(losses, key=losses.get)
-    if min(losses) < best < max(losses):
-        return []
-    step = -1 if best == min(losses) else 1
-    return [best + step] if 0 <= best + step < len(WARMUPS) else []
+    """The next warm-up past each edge of a sweep (indices into `WARMUPS`, a contiguous run of
+    them) whose loss is below its inner neighbour's: the loss still falls that way. The best at
+    an edge is one such edge; the other (the grid's one amendment) because a warm-up's loss need
+    not have one minimum: AdamW's at prose 1x falls towards both no warm-up and 2T/5."""
+    low, high = min(losses), max(losses)
+    beyond = []
+    if low > 0 and losses[low] < losses[low + 1]:
+        beyond.append(low - 1)
+    if high + 1 < len(WARMUPS) and losses[high] < losses[high - 1]:
+        beyond.append(high + 1)
+    return beyond
 
 
 def plan() -> list[common.Task]:
