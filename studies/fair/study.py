@@ -195,6 +195,14 @@ class Planner:
             self.tasks[name] = task
         return all(k in self.known for k in runs)
 
+    def named(self, name: str, same, suffix: str) -> str:
+        """`name`, or `name + suffix` where a sweep of that name (or one of its widenings) has
+        recorded runs that `same` rejects: the records moved a choice after that sweep ran (the
+        warm-up's far side can), and what it recorded keeps its name and file."""
+        taken = any(not same(k) and (sweep == name or sweep.startswith(f"{name}-widen"))
+                    for k, (sweep, _) in self.known.items())
+        return f"{name}{suffix}" if taken else name
+
     def settle(self, name: str, corpus: str, horizon: int, losses, first: list, next_beyond,
                make_key, priority: tuple, what: str):
         """The best of a one-dimensional sweep (LR multipliers or warm-up indices) at seed 0,
@@ -242,10 +250,14 @@ class Planner:
         return bests
 
     def seeds_at(self, name: str, corpus: str, horizon: int, optimizer: str, multiplier: float,
-                 warmup: int, priority: tuple, what: str) -> bool:
-        steps = STEPS[horizon]
-        keys = [Key(corpus, steps, optimizer, multiplier, warmup, s) for s in SEEDS]
-        return self.need(name, corpus, horizon, keys, priority, f"{what}: 3 seeds.")
+                 warmup: int, priority: tuple, comment: str, steps: int | None = None) -> bool:
+        """3 seeds at one pair (LR multiplier, warm-up steps), at the horizon's steps unless
+        `steps`; True once recorded. Named for its pair where `name` recorded another."""
+        keys = [Key(corpus, steps or STEPS[horizon], optimizer, multiplier, warmup, s)
+                for s in SEEDS]
+        name = self.named(name, lambda k: (k.multiplier, k.warmup) == (multiplier, warmup),
+                          f"-warmup{warmup}-lrx{multiplier:g}")
+        return self.need(name, corpus, horizon, keys, priority, comment, steps=steps)
 
     # -- each tuned --
 
@@ -279,13 +291,8 @@ class Planner:
                     if (k.corpus, k.steps, k.optimizer, k.warmup, k.seed)
                     == (corpus, steps, optimizer, warmup, 0)}
 
-        # Named by its warm-up where a sweep of the plain name re-checked another one (the
-        # warm-up's far side can move the choice after that sweep is recorded).
-        name = f"{corpus}-x{horizon}-{optimizer}-lr-at-warmup"
-        if any(k.warmup != warmup and (k.corpus, k.steps, k.optimizer) == (corpus, steps, optimizer)
-               and (sweep == name or sweep.startswith(f"{name}-widen"))
-               for k, (sweep, _) in self.known.items()):
-            name += str(warmup)
+        name = self.named(f"{corpus}-x{horizon}-{optimizer}-lr-at-warmup",
+                          lambda k: k.warmup == warmup, str(warmup))
         best = self.settle(name, corpus, horizon,
                            lr_losses, [float(rounded(centre * m)) for m in STEP_GRID],
                            lr_beyond, lr_key, (*priority, 2, horizon),
@@ -301,12 +308,11 @@ class Planner:
         steps = STEPS[horizon]
         for share in (4, 2):
             short = steps // share
-            keys = [Key(corpus, short, BASELINE, multiplier, warmup_steps(short, warmup), s)
-                    for s in SEEDS]
-            self.need(f"{corpus}-x{horizon}-{BASELINE}-{recipe}-steps{short}", corpus, horizon,
-                      keys, (*priority, 4, horizon),
-                      f"{BASELINE} at {horizon}x on {CORPORA[corpus]}, {recipe} recipe, at 1/"
-                      f"{share} of the steps: 3 seeds.", steps=short)
+            self.seeds_at(f"{corpus}-x{horizon}-{BASELINE}-{recipe}-steps{short}", corpus,
+                          horizon, BASELINE, multiplier, warmup_steps(short, warmup),
+                          (*priority, 4, horizon),
+                          f"{BASELINE} at {horizon}x on {CORPORA[corpus]}, {recipe} recipe, at 1/"
+                          f"{share} of the steps: 3 seeds.", steps=short)
 
     def longer(self, recipe: str, corpus: str, horizon: int, pairs: dict, priority: tuple
                ) -> None:
@@ -326,13 +332,12 @@ class Planner:
         beaten = [o for o in pairs if o != BASELINE and (m := mean(o)) is not None and m < own]
         if beaten:
             multiplier, warmup = pairs[BASELINE]
-            keys = [Key(corpus, 2 * steps, BASELINE, multiplier,
-                        warmup_steps(2 * steps, warmup), s) for s in SEEDS]
-            self.need(f"{corpus}-x{horizon}-{BASELINE}-{recipe}-steps{2 * steps}", corpus,
-                      horizon, keys, (*priority, 5, horizon),
-                      f"{BASELINE} at {horizon}x on {CORPORA[corpus]}, {recipe} recipe, at "
-                      f"twice the steps: {', '.join(beaten)} beat its three-seed mean.",
-                      steps=2 * steps)
+            self.seeds_at(f"{corpus}-x{horizon}-{BASELINE}-{recipe}-steps{2 * steps}", corpus,
+                          horizon, BASELINE, multiplier, warmup_steps(2 * steps, warmup),
+                          (*priority, 5, horizon),
+                          f"{BASELINE} at {horizon}x on {CORPORA[corpus]}, {recipe} recipe, at "
+                          f"twice the steps: {', '.join(beaten)} beat its three-seed mean.",
+                          steps=2 * steps)
 
 
 def lr_beyond(losses: dict[float, float]) -> list[float]:
@@ -392,7 +397,7 @@ def follow(planner: Planner, corpus: str, chain: tuple, tuned_at: tuple, optimiz
         if planner.seeds_at(f"{corpus}-x{horizon}-{optimizer}-seeds", corpus, horizon,
                             optimizer, centre, warmup_steps(steps, PAPER_WARMUP),
                             (*priority, 0, horizon, 9),
-                            f"{what}, paper recipe, best LR {centre:g} x the law's"):
+                            f"{what}, paper recipe, best LR {centre:g} x the law's: 3 seeds."):
             recipes["paper"][optimizer] = (centre, PAPER_WARMUP)
         tuned = planner.tuned(corpus, horizon, optimizer, centre, priority)
         if tuned is None:
@@ -402,7 +407,7 @@ def follow(planner: Planner, corpus: str, chain: tuple, tuned_at: tuple, optimiz
                             optimizer, multiplier, warmup_steps(steps, warmup),
                             (*priority, 3, horizon),
                             f"{what}, tuned recipe ({multiplier:g} x the law's LR, warm-up "
-                            f"{warmup_label(warmup)})"):
+                            f"{warmup_label(warmup)}): 3 seeds."):
             recipes["tuned"][optimizer] = tuned
         if optimizer == BASELINE:
             planner.budgets("tuned", corpus, horizon, multiplier, warmup, priority)
