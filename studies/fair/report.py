@@ -386,7 +386,7 @@ def warmup_figure(results: Results, corpus: str):
             points = [(max(x, 0.5 / steps), y) for x, y in points if y is not None]
             ax.plot(*zip(*points), marker="o", color=plots.colour(optimizer),
                     linestyle=plots.linestyle(optimizer),
-                    label=f"{plots.display_name(optimizer)} (LR {paper[0]:g} × law)")
+                    label=f"{plots.display_name(optimizer)}, LR {paper[0]:g} × law")
         ax.set_xscale("log")
         # one tick per warm-up of the ladder, named as the tables name it (T/50, T/5 ...)
         ax.set_xticks([max(warmup_steps(steps, i) / steps, 0.5 / steps)
@@ -395,9 +395,9 @@ def warmup_figure(results: Results, corpus: str):
         ax.set_xlabel("warm-up (0 drawn at ½ step)")
         ax.set_title(f"{horizon}× ({steps} steps), seed 0", fontsize=9)
         ax.grid(True, which="both", alpha=0.2)
+        # one legend per panel: the paper's best LR differs between horizons
+        ax.legend(fontsize=7)
     axes[0].set_ylabel("final validation loss")
-    handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, fontsize=8, loc="outside lower center", ncols=2)
     figure.suptitle(f"The warm-up sweep on {CORPORA[corpus]}, at each optimizer's best LR\nunder "
                     "the paper's recipe", fontsize=10)
     return figure
