@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement of docs/benchmarks.md and the CUDA tests, stage by stage, on one GPU:
 #
-#   bash benchmarks/cuda_session.sh OUT_DIR optim throughput train memory moe tests
+#   bash benchmarks/cuda_session.sh OUT_DIR optim throughput train memory optim_memory moe flat tests
 #
 # Each stage writes its log (and its result JSON) into OUT_DIR; a stage that fails or runs out
 # of its time limit does not stop the next. Run from the repository root with danastar importable
@@ -65,14 +65,26 @@ stage_memory() {
   "$python" benchmarks/train_memory.py --device cuda --output "$out/train_memory-cuda.json"
 }
 
+stage_optim_memory() {
+  # bytes per parameter and the peak of a step, compiled, float32 and bf16 state (a process a row)
+  "$python" benchmarks/optim_memory.py --device cuda --only "adamw fused (torch)" adana \
+    dana-star-mk4 --out "$out/optim_memory-cuda.json"
+}
+
+stage_flat() {
+  # per-tensor, flat and CUDA-graph steps against fused AdamW; each list compiles its own steps
+  "$python" benchmarks/flat_step.py --device cuda --rounds 41 \
+    --lists ${FLAT_LISTS:-"enoki h4"} --out "$out/flat_step-cuda.json"
+}
+
 stage_moe() {
   "$python" benchmarks/moe_experts.py --device cuda --out "$out/moe_experts-cuda.json"
 }
 
 stage_tests() {
-  # one process on the one GPU, with or without pytest-xdist there (addopts asks for two)
-  "$python" -m pytest -q -m cuda -p no:cacheprovider -o addopts=-ra tests/optim/test_optim_cuda.py \
-    tests/train/test_train_cuda.py
+  # every `cuda` test of the tree, in one process: with four pytest-xdist workers sharing the
+  # GPU, the bitwise resume test once saw its two runs differ (docs/benchmarks.md)
+  "$python" -m pytest -q -m cuda -p no:cacheprovider -o addopts=-ra tests
 }
 
 for stage in "$@"; do

@@ -11,8 +11,11 @@ fused AdamW's median of the same rounds. The lists: Enoki at 2 and 4 heads (voca
 0.7M and 3.4M parameters, 11 and 27 tensors), a 48-layer transformer-like mix of 0.94M
 parameters in 291 tensors (the many-small-tensors case), and the 4-layer mix of
 ``optim_step.py`` at 1e7 (27 tensors, most of them large), and 291 tensors of 16 elements
-(what a step costs on the host alone, which bounds a GPU step of small tensors). Writes
-``benchmarks/results/flat_step-<device>.json`` and prints a markdown table.
+(what a step costs on the host alone, which bounds a GPU step of small tensors). On CUDA each
+list also times the step captured once in a CUDA graph and replayed (``capturable=True``, the LR
+a device tensor: ``, CUDA graph``), for fused AdamW and the compiled DANA steps alike, which
+takes the host out of the step. Writes ``benchmarks/results/flat_step-<device>.json`` and
+prints a markdown table.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ from pathlib import Path
 
 import torch
 
-from optim_step import BASELINE, CANDIDATES, enoki_shapes, machine_description, model_shapes
+from optim_step import (
+    BASELINE,
+    CANDIDATES,
+    DANASTAR,
+    enoki_shapes,
+    machine_description,
+    model_shapes,
+)
 
 OPTIMIZERS = ("adana", "dana-star-mk4")
 LISTS = {
@@ -50,8 +60,39 @@ def stepper(name: str, shapes, device):
     return make(params, 1e-3).step
 
 
+GRAPH = ", CUDA graph"
+
+
+def graph_stepper(name: str, shapes, device):
+    """A function replaying one step of ``name`` (``"adamw fused (torch)"`` or ``"<optimizer>
+    compiled"``) captured in a CUDA graph: capturable state, the LR a device tensor, three
+    warm-up steps on a side stream (compilation, state), then one capture."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    params = [torch.randn(s, device=device, generator=generator).requires_grad_()
+              for s in shapes]
+    for param in params:
+        param.grad = torch.randn(param.shape, device=device, generator=generator) * 1e-3
+    lr = torch.tensor(1e-3, device=device)
+    if name == BASELINE:
+        optimizer = torch.optim.AdamW(params, lr=lr, fused=True, capturable=True)
+    else:
+        cls, settings, _ = DANASTAR[name.removesuffix(" compiled")]
+        optimizer = cls(params, lr=lr, **settings, impl="compiled", capturable=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            optimizer.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        optimizer.step()
+    return graph.replay
+
+
 def measure(label: str, shapes, names: list[str], device, rounds: int) -> list[dict]:
-    steps = {name: stepper(name, shapes, device) for name in names}
+    steps = {name: graph_stepper(name.removesuffix(GRAPH), shapes, device) if name.endswith(GRAPH)
+             else stepper(name, shapes, device) for name in names}
     for step in steps.values():  # state, compilation, warm caches
         step(), step()
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -89,6 +130,8 @@ def main(argv=None) -> None:
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     names = [BASELINE] + [f"{o} compiled{flat}" for o in args.only for flat in ("", ", flat")]
+    if device.type == "cuda":
+        names += [BASELINE + GRAPH] + [f"{o} compiled{GRAPH}" for o in args.only]
     rows = [row for label in args.lists
             for row in measure(label, LISTS[label](), names, device, args.rounds)]
     out = Path(args.out) if args.out else (

@@ -10,8 +10,10 @@ Per optimizer x parameter dtype x state dtype:
 * **peak memory of a training step** (forward, backward, optimizer step): on CUDA the allocator's
   peak; on the CPU the peak resident set of a fresh process (``ru_maxrss``) less the same
   process's resident set before the model was built, so the interpreter and torch are not
-  counted. The CPU measure includes the step's temporaries: the reference path (used here, so
-  that no compiler's memory is counted) widens one tensor at a time to float32 for bf16 state.
+  counted. The CPU measure includes the step's temporaries: the reference path (the default
+  there, so that no compiler's memory is counted) widens one tensor at a time to float32 for
+  bf16 state. On CUDA the default is the compiled path (what a GPU run takes), whose fused
+  kernels hold no such temporaries; ``--impl`` picks either on either device.
 
 Writes ``benchmarks/results/optim_memory-<device>.json`` and prints a markdown table.
 """
@@ -32,9 +34,9 @@ import torch
 # dtype, so its bf16 row is bf16 parameters with bf16 state.
 CONFIGS = {
     "adamw fused (torch)": ("adamw", {"fused": True}),
-    "adana": ("adana", {"impl": "reference"}),
-    "dana-star-mk4": ("dana-star-mk4", {"impl": "reference"}),
-    "ademamix": ("ademamix", {"impl": "reference"}),
+    "adana": ("adana", {}),
+    "dana-star-mk4": ("dana-star-mk4", {}),
+    "ademamix": ("ademamix", {}),
 }
 # (parameter dtype, state dtype) of each measured combination; None: the optimizer's own rule.
 COMBINATIONS = [("float32", None), ("float32", "bfloat16"), ("bfloat16", None),
@@ -42,7 +44,7 @@ COMBINATIONS = [("float32", None), ("float32", "bfloat16"), ("bfloat16", None),
 
 
 def measure(name: str, param_dtype: str, state_dtype: str | None, heads: int, vocab: int,
-            steps: int, device: str) -> dict:
+            steps: int, device: str, impl: str) -> dict:
     """One training run's bytes per parameter and peak step memory (run in a fresh process)."""
     from danastar.models import ModelConfig, build_model
     from danastar.optim import build_optimizer
@@ -56,6 +58,8 @@ def measure(name: str, param_dtype: str, state_dtype: str | None, heads: int, vo
     registry_name, settings = CONFIGS[name]
     if state_dtype is not None:
         settings = {**settings, "state_dtype": state_dtype}
+    if not name.endswith("(torch)"):
+        settings = {**settings, "impl": impl}
     optimizer = build_optimizer(registry_name, model.named_parameters(), lr=1e-4, **settings)
     idx = torch.randint(0, vocab, (4, 128), device=device)
     if device == "cuda":
@@ -85,14 +89,18 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--only", nargs="+", default=None, help="optimizer names to run")
+    parser.add_argument("--impl", choices=("reference", "compiled"), default=None,
+                        help="danastar's path (default: compiled on CUDA, reference on the CPU)")
     parser.add_argument("--one", nargs=3, metavar=("NAME", "PARAM_DTYPE", "STATE_DTYPE"),
                         help=argparse.SUPPRESS)  # the fresh process of one measurement
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    args.impl = args.impl or ("compiled" if args.device == "cuda" else "reference")
     if args.one:
         name, param_dtype, state_dtype = args.one
         print(json.dumps(measure(name, param_dtype, None if state_dtype == "default" else
-                                 state_dtype, args.heads, args.vocab, args.steps, args.device)))
+                                 state_dtype, args.heads, args.vocab, args.steps, args.device,
+                                 args.impl)))
         return
     rows = []
     for name in CONFIGS:
@@ -103,7 +111,8 @@ def main(argv=None):
                 continue  # torch's AdamW has no state dtype of its own
             command = [sys.executable, __file__, "--one", name, param_dtype,
                        state_dtype or "default", "--heads", str(args.heads), "--vocab",
-                       str(args.vocab), "--steps", str(args.steps), "--device", args.device]
+                       str(args.vocab), "--steps", str(args.steps), "--device", args.device,
+                       "--impl", args.impl]
             row = json.loads(subprocess.run(command, check=True, capture_output=True,
                                             text=True).stdout.strip().splitlines()[-1])
             rows.append(row)
@@ -111,8 +120,9 @@ def main(argv=None):
                   f"{row['bytes_per_param']:5.1f} B/param, peak step {row['peak_step_mb']:8.1f} "
                   f"MiB ({row['peak_bytes_per_param']:.1f} B/param)", flush=True)
     result = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "device": args.device,
-              "torch": torch.__version__, "model": f"enoki {args.heads} heads, vocab "
-              f"{args.vocab}, batch 4 x 128", "steps": args.steps, "rows": rows}
+              "impl": args.impl, "torch": torch.__version__,
+              "model": f"enoki {args.heads} heads, vocab {args.vocab}, batch 4 x 128",
+              "steps": args.steps, "rows": rows}
     out = Path(args.out) if args.out else (
         Path(__file__).parent / "results" / f"optim_memory-{args.device}.json")
     out.write_text(json.dumps(result, indent=1))
