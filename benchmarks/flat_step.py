@@ -49,15 +49,19 @@ LISTS = {
 }
 
 
-def stepper(name: str, shapes, device):
-    """A function taking one step of candidate ``name`` over fresh parameters (seeded alike)."""
-    make = CANDIDATES[name][0]
+def fresh_params(shapes, device) -> list[torch.Tensor]:
+    """Parameters with gradients, seeded alike for every candidate."""
     generator = torch.Generator(device=device).manual_seed(0)
     params = [torch.randn(s, device=device, generator=generator).requires_grad_()
               for s in shapes]
     for param in params:
         param.grad = torch.randn(param.shape, device=device, generator=generator) * 1e-3
-    return make(params, 1e-3).step
+    return params
+
+
+def stepper(name: str, shapes, device):
+    """A function taking one step of candidate ``name`` over fresh parameters."""
+    return CANDIDATES[name][0](fresh_params(shapes, device), 1e-3).step
 
 
 GRAPH = ", CUDA graph"
@@ -67,11 +71,7 @@ def graph_stepper(name: str, shapes, device):
     """A function replaying one step of ``name`` (``"adamw fused (torch)"`` or ``"<optimizer>
     compiled"``) captured in a CUDA graph: capturable state, the LR a device tensor, three
     warm-up steps on a side stream (compilation, state), then one capture."""
-    generator = torch.Generator(device=device).manual_seed(0)
-    params = [torch.randn(s, device=device, generator=generator).requires_grad_()
-              for s in shapes]
-    for param in params:
-        param.grad = torch.randn(param.shape, device=device, generator=generator) * 1e-3
+    params = fresh_params(shapes, device)
     lr = torch.tensor(1e-3, device=device)
     if name == BASELINE:
         optimizer = torch.optim.AdamW(params, lr=lr, fused=True, capturable=True)
