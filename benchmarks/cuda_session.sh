@@ -72,9 +72,12 @@ stage_optim_memory() {
 }
 
 stage_flat() {
-  # per-tensor, flat and CUDA-graph steps against fused AdamW; each list compiles its own steps
-  "$python" benchmarks/flat_step.py --device cuda --rounds 41 \
-    --lists ${FLAT_LISTS:-"enoki h4"} --out "$out/flat_step-cuda.json"
+  # per-tensor, flat and CUDA-graph steps against fused AdamW; each list compiles its own steps.
+  # FLAT_LISTS: flat_step.py's list names separated by ';' (they contain spaces and commas)
+  local lists
+  IFS=';' read -ra lists <<< "${FLAT_LISTS:-enoki h4}"
+  "$python" benchmarks/flat_step.py --device cuda --rounds 41 --lists "${lists[@]}" \
+    --out "$out/flat_step-cuda.json"
 }
 
 stage_moe() {
