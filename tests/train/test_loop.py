@@ -77,6 +77,9 @@ def test_run_directory_holds_config_environment_logs_and_metrics(reference_runs)
     assert config["train"]["iterations"] == 40 and config["data"]["dataset"] == "synthetic"
     environment = json.loads((run_dir / "environment.json").read_text())
     assert {"git_revision", "git_dirty", "torch", "python", "world_size"} <= set(environment)
+    # which CPU and instruction set: runs on AVX2 and AVX512 machines round differently
+    assert environment["cpu"]
+    assert environment["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert json.loads((run_dir / "plan.json").read_text())["plan"]["iterations"] == 40
     assert "run directory" in (run_dir / "logs" / "rank0.log").read_text()
     logged = metrics(run_dir)

@@ -71,12 +71,28 @@ def environment(world_size: int) -> dict[str, Any]:
         "device": torch.cuda.get_device_name()
         if torch.cuda.is_available()
         else platform.processor() or "cpu",
+        # The CPU and the instruction set torch's kernels were chosen for: runs on CPUs of two
+        # instruction sets (AVX2, AVX512) round differently, so this says which a run can match.
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "world_size": world_size,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "command": sys.argv,
     }
+
+
+def cpu_model() -> str:
+    """The CPU's name as the kernel reports it (`/proc/cpuinfo`), else what Python knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def git(args: list[str], cwd: Path) -> Optional[str]:
