@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without installing
 
 from danastar.launch.allocator import with_huge_pages  # noqa: E402
 
-# A run's small files, what the reports (and `danastar results` / `danastar plot`) read; no
-# checkpoints.
+# A run's small files, what the reports (and `danastar results` / `danastar plot`) read, and
+# what trained it (revision, versions, CPU); no checkpoints.
 RECORD_FILES = ("plan.json", "config.yaml", "metrics.jsonl", "run.json", "status.json",
-                "sweep_point.json")
+                "sweep_point.json", "environment.json")
 
 
 # ---- drivers ----------------------------------------------------------------------------------
