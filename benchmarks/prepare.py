@@ -33,6 +33,7 @@ import yaml
 from danastar.data.loader import TokenData, TrainLoader
 from danastar.data.prepare import prepare_source
 from danastar.data.sources import download_shakespeare, shakespeare_documents
+from danastar.train.logging import cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -185,7 +186,7 @@ def main() -> None:
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {
-            "processor": _cpu_name(),
+            "processor": cpu_model(),
             "cores": len(os.sched_getaffinity(0)),
             "platform": platform.platform(),
             "load_average_at_end": os.getloadavg(),
@@ -200,16 +201,6 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":
