@@ -91,10 +91,13 @@ def graph_stepper(name: str, shapes, device):
 
 
 def measure(label: str, shapes, names: list[str], device, rounds: int) -> list[dict]:
-    steps = {name: graph_stepper(name.removesuffix(GRAPH), shapes, device) if name.endswith(GRAPH)
-             else stepper(name, shapes, device) for name in names}
-    for step in steps.values():  # state, compilation, warm caches
-        step(), step()
+    steps = {}
+    for name in names:  # state, compilation, warm caches; said as it goes, since a list can
+        start = time.perf_counter()  # take minutes to compile (a time limit keeps the log)
+        steps[name] = (graph_stepper(name.removesuffix(GRAPH), shapes, device)
+                       if name.endswith(GRAPH) else stepper(name, shapes, device))
+        steps[name](), steps[name]()
+        print(f"{label:16s} {name:30s} ready in {time.perf_counter() - start:.1f} s", flush=True)
     times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(rounds):
         for name, step in steps.items():
