@@ -372,7 +372,7 @@ def warmup_figure(results: Results, corpus: str):
                        for o in results.optimizers(corpus))]
     if not horizons:
         raise UserError(f"no tuned warm-up on {CORPORA[corpus]} yet")
-    figure = Figure(figsize=(4.2 * len(horizons) + 2.5, 3.8), layout="constrained")
+    figure = Figure(figsize=(4.2 * len(horizons) + 2.5, 4.6), layout="constrained")
     axes = figure.subplots(1, len(horizons), squeeze=False)[0]
     for ax, horizon in zip(axes, horizons):
         steps = STEPS[horizon]
@@ -395,8 +395,9 @@ def warmup_figure(results: Results, corpus: str):
         ax.set_xlabel("warm-up (0 drawn at ½ step)")
         ax.set_title(f"{horizon}× ({steps} steps), seed 0", fontsize=9)
         ax.grid(True, which="both", alpha=0.2)
-        # one legend per panel: the paper's best LR differs between horizons
-        ax.legend(fontsize=7)
+        # one legend per panel, below it (inside, it hid points): the paper's best LR differs
+        # between horizons
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
     axes[0].set_ylabel("final validation loss")
     figure.suptitle(f"The warm-up sweep on {CORPORA[corpus]}, at each optimizer's best LR\nunder "
                     "the paper's recipe", fontsize=10)
