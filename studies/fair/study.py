@@ -33,7 +33,9 @@ The grid was fixed before any of its results were seen, with one amendment, whic
 runs: the warm-up's other edge (2026-11-28, after AdamW's prose 1x sweep fell towards both ends
 and its 4x budget run at 2T/5 beat the 1x pick). Its order (`GROUPS`) puts the headline
 first: Shakespeare 4x, then the fresh corpus's horizons, the paper's other baselines at 4x on
-it, then the rest. A run whose configuration equals one already recorded is not trained again
+it, then the rest. The order changed once, adding and removing nothing (2026-11-28, while prose
+32x's LR sweeps ran): plain AdEMAMix at prose 4x, under an hour of machine time, moved ahead of
+32x's several machine-sessions, so that the paper's baselines are complete first. A run whose configuration equals one already recorded is not trained again
 (the warm-up sweep's T/50 point is the paper recipe's run at that LR, for instance).
 """
 
@@ -81,13 +83,14 @@ GROUPS = (
     ("pr", (1, 4, 16), MAIN),
     ("pr", (4,), ("muon", "ademamix-decaying-wd")),
     ("sh", (1,), MAIN),
+    ("pr", (4,), ("ademamix",)),  # moved before 32x on 2026-11-28 (order only, see below)
     ("pr", (1, 4, 16, 32), MAIN),
     ("sh", (1, 4, 16), MAIN),
-    ("pr", (4,), ("ademamix", "dana-mk4")),
+    ("pr", (4,), ("dana-mk4",)),
 )
 # Which (corpus, horizon) a group is about; its chain's earlier horizons are run only as far as
 # the paper's LR centre needs them (their tuned recipe comes with the group that names them).
-TUNED_AT = ((4,), (1, 4), (16,), (4,), (1,), (32,), (16,), (4,))
+TUNED_AT = ((4,), (1, 4), (16,), (4,), (1,), (4,), (32,), (16,), (4,))
 
 
 def warmup_steps(steps: int, index: int) -> int:
