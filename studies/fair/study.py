@@ -35,8 +35,10 @@ and its 4x budget run at 2T/5 beat the 1x pick). Its order (`GROUPS`) puts the h
 first: Shakespeare 4x, then the fresh corpus's horizons, the paper's other baselines at 4x on
 it, then the rest. The order changed once, adding and removing nothing (2026-11-28, while prose
 32x's LR sweeps ran): plain AdEMAMix at prose 4x, under an hour of machine time, moved ahead of
-32x's several machine-sessions, so that the paper's baselines are complete first. A run whose configuration equals one already recorded is not trained again
-(the warm-up sweep's T/50 point is the paper recipe's run at that LR, for instance).
+32x's several machine-sessions, so that the paper's baselines are complete first.
+
+A run whose configuration equals one already recorded is not trained again (the warm-up sweep's
+T/50 point is the paper recipe's run at that LR, for instance).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ GROUPS = (
     ("pr", (1, 4, 16), MAIN),
     ("pr", (4,), ("muon", "ademamix-decaying-wd")),
     ("sh", (1,), MAIN),
-    ("pr", (4,), ("ademamix",)),  # moved before 32x on 2026-11-28 (order only, see below)
+    ("pr", (4,), ("ademamix",)),  # before 32x since 2026-11-28 (order only: see the docstring)
     ("pr", (1, 4, 16, 32), MAIN),
     ("sh", (1, 4, 16), MAIN),
     ("pr", (4,), ("dana-mk4",)),
