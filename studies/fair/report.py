@@ -321,9 +321,12 @@ def multiplier_figure(rows: list[dict], corpus: str):
     for ax, estimator in zip(axes, ("within-horizon", "paper")):
         ax.axhline(1.0, color=plots.colour(BASELINE), linewidth=1.2,
                    label=f"{plots.display_name(BASELINE)}, same recipe (1 by definition)")
-        for optimizer in sorted({r["optimizer"] for r in mine}):
-            for recipe, fill, linestyle, shift in (("paper", False, ":", 0.97),
-                                                   ("tuned", True, "-", 1.03)):
+        optimizers = sorted({r["optimizer"] for r in mine})
+        for rank, optimizer in enumerate(optimizers):
+            # each optimizer 4% from the next, so that equal multipliers do not hide each other
+            dodge = 1 + 0.04 * (rank - (len(optimizers) - 1) / 2)
+            for recipe, fill, linestyle, shift in (("paper", False, ":", 0.9 * dodge),
+                                                   ("tuned", True, "-", 1.1 * dodge)):
                 points = sorted((r for r in mine if r["optimizer"] == optimizer
                                  and r["recipe"] == recipe and r["estimator"] == estimator),
                                 key=lambda r: r["tokens_per_param"])
@@ -342,7 +345,8 @@ def multiplier_figure(rows: list[dict], corpus: str):
         ax.set_xscale("log")
         ticks = sorted({r["tokens_per_param"] for r in mine})
         ax.set_xticks(ticks)
-        # the two recipes sit 3% either side of their horizon: a margin keeps that visibly small
+        # the paper's recipe sits left of its horizon, the tuned one right (10%, and 4% apart
+        # per optimizer): a margin keeps that visibly small
         ax.set_xlim(ticks[0] / 1.5, ticks[-1] * 1.5)
         ax.get_xaxis().set_major_formatter(_plain())
         ax.minorticks_off()
