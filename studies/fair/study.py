@@ -211,18 +211,23 @@ class Planner:
     def settle(self, name: str, corpus: str, horizon: int, losses, first: list, next_beyond,
                make_key, priority: tuple, what: str):
         """The best of a one-dimensional sweep (LR multipliers or warm-up indices) at seed 0,
-        widened while its best sits at an edge; None until its runs are recorded."""
-        points = list(first)
+        widened while its best sits at an edge; None until its runs are recorded.
+
+        Each step reads only the points of the widenings so far: a point recorded past them (the
+        far run of a widening whose near run is still training, or a run of another sweep) must
+        not make an edge look interior, or the choice would depend on which run ended first."""
+        points, swept = list(first), set(first)
         for widening in range(MAX_WIDENINGS + 1):
             label = name if widening == 0 else f"{name}-widen{widening}"
             if not self.need(label, corpus, horizon, [make_key(p) for p in points],
                              (*priority, widening), f"{what} (seed 0)."):
                 return None
-            found = losses()
+            found = {p: loss for p, loss in losses().items() if p in swept}
             beyond = next_beyond(found)
             if not beyond or widening == MAX_WIDENINGS:
                 return min(found, key=found.get)
             points = beyond
+            swept.update(beyond)
         return None
 
     # -- the paper's recipe --

@@ -1,0 +1,52 @@
+"""The studies' planners decide from records alone: the same records give the same choice,
+whatever order the runs ended in."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+FAIR = Path(__file__).parents[1] / "studies" / "fair" / "study.py"
+
+
+@pytest.fixture(scope="module")
+def fair():
+    spec = importlib.util.spec_from_file_location("fair_study", FAIR)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def lr_sweep(fair, losses: dict[float, float]):
+    """Settles a seed-0 LR sweep over ⅛, ¼, ½ whose recorded final losses are `losses`."""
+    def key(multiplier, seed=0):
+        return fair.Key("sh", 2048, "adana", float(multiplier), 40, seed)
+
+    planner = fair.Planner({key(m): ("recorded", Path()) for m in losses})
+    planner.loss = lambda k: losses[k.multiplier]
+    best = planner.settle("lr", "sh", 16, lambda: {m: planner.loss(key(m)) for m in losses},
+                          [0.125, 0.25, 0.5], fair.lr_beyond, key, (0,), "the LR sweep")
+    return best, planner.tasks
+
+
+def test_a_widening_decides_only_once_all_its_runs_are_recorded(fair):
+    # The best sits at the low edge, so the sweep widens to 1/16 and 1/32. With only the far
+    # run ended, ⅛ must not read as interior: the choice waits for 1/16.
+    edge = {0.125: 4.2298, 0.25: 4.2440, 0.5: 4.3160}
+    best, tasks = lr_sweep(fair, {**edge, 0.03125: 4.4032})
+    assert best is None
+    assert tasks["lr-widen1"].grid["lr_multiplier"] == [0.0625]
+
+    assert lr_sweep(fair, {**edge, 0.03125: 4.4032, 0.0625: 4.2500})[0] == 0.125
+    assert lr_sweep(fair, {**edge, 0.03125: 4.4032, 0.0625: 4.2000})[0] == 0.0625
+
+
+def test_a_point_outside_the_sweep_does_not_move_its_choice(fair):
+    # A run recorded by another sweep at the same warm-up (an LR re-check, say) is not part of
+    # this one: ⅛ stays an edge and the sweep widens.
+    best, tasks = lr_sweep(fair, {0.125: 4.2298, 0.25: 4.2440, 0.5: 4.3160, 0.03125: 4.4032,
+                                  1: 4.5})
+    assert best is None and "lr-widen1" in tasks
