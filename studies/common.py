@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -187,12 +188,40 @@ class Scheduler:
         print(f"{time.strftime('%H:%M:%S')} start  {task.name} ({len(task.points())} runs)",
               flush=True)
         with log.open("a") as out:
-            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            # Its own session: a stop signal reaches it once, from `run`, not also from a
+            # terminal's Ctrl-C (a sweep stops its runs on the first one).
+            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
 
-    def run(self, runs: Path, parallel: int) -> None:
+    def run(self, runs: Path, parallel: int) -> int | None:
+        """Trains until every sweep that can run has run. SIGTERM or Ctrl-C stops it cleanly:
+        each running sweep is passed the signal, its runs save where they are, and it returns
+        the sweep's exit code for a stop (75 or 130); None otherwise."""
         runs = runs.resolve()
         self.restore(runs)
         running: dict[str, tuple[Task, subprocess.Popen]] = {}
+        stop: list[int] = []
+
+        def on_signal(signum, _frame) -> None:
+            if not stop:
+                stop.append(signum)
+                for _task, process in running.values():
+                    process.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.train(runs, parallel, running, stop)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if stop:
+            why = "Ctrl-C" if stop[0] == signal.SIGINT else signal.Signals(stop[0]).name
+            print(f"study: stopped by {why}; the part-way runs saved where they were. Run the "
+                  "study again to resume them.", file=sys.stderr, flush=True)
+            return 130 if stop[0] == signal.SIGINT else 75
+        return None
+
+    def train(self, runs: Path, parallel: int, running: dict, stop: list[int]) -> None:
         failed: set[str] = set()
         last_copy = time.monotonic()
         while True:
@@ -203,6 +232,8 @@ class Scheduler:
                 self.copy_complete(runs / name)
                 if self.is_done(task):
                     print(f"{time.strftime('%H:%M:%S')} done   {name}", flush=True)
+                elif stop:
+                    print(f"{time.strftime('%H:%M:%S')} stopped {name}", flush=True)
                 else:
                     failed.add(name)
                     print(f"study: the sweep {name} ended (exit {process.returncode}) with runs "
@@ -212,14 +243,18 @@ class Scheduler:
                 for name in running:
                     self.copy_complete(runs / name)
                 last_copy = time.monotonic()
-            ready = [t for t in self.plan() if t.name not in running and t.name not in failed
-                     and not self.is_done(t)]
-            while ready and len(running) < parallel:
+            ready = [] if stop else [t for t in self.plan() if t.name not in running
+                                     and t.name not in failed and not self.is_done(t)]
+            while ready and len(running) < parallel and not stop:
                 task = ready.pop(0)
                 running[task.name] = (task, self.start(task, runs))
+                if stop:  # the signal came while this sweep was starting
+                    running[task.name][1].send_signal(stop[0])
             if not running:
                 break
-            time.sleep(5)
+            time.sleep(1 if stop else 5)
+        if stop:
+            return
         left = [t.name for t in self.plan() if not self.is_done(t)]
         print("study: every sweep is complete." if not left else
               f"study: {len(left)} sweeps could not complete: {', '.join(left)}.", flush=True)
@@ -252,7 +287,9 @@ def scheduled_main(description: str, scheduler: Scheduler, report: Callable[[], 
         scheduler.status()
     if args.what in ("all", "run"):
         before_run()
-        scheduler.run(args.runs, args.parallel)
+        stopped = scheduler.run(args.runs, args.parallel)
+        if stopped is not None:
+            sys.exit(stopped)
     if args.what in ("all", "report"):
         report()
 

@@ -2,10 +2,16 @@
 whatever order the runs ended in."""
 
 import importlib.util
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from danastar.launch.sweep_spec import run_state
 
 FAIR = Path(__file__).parents[1] / "studies" / "fair" / "study.py"
 
@@ -50,3 +56,48 @@ def test_a_point_outside_the_sweep_does_not_move_its_choice(fair):
     best, tasks = lr_sweep(fair, {0.125: 4.2298, 0.25: 4.2440, 0.5: 4.3160, 0.03125: 4.4032,
                                   1: 4.5})
     assert best is None and "lr-widen1" in tasks
+
+
+# -- the scheduler every driver shares (studies/common.py) -------------------------------------
+
+DRIVER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {studies!r})
+import common
+folder = Path(sys.argv[1])
+task = common.Task("tiny", {base!r}, {{"optim.name": ["adamw"], "lr_multiplier": [1]}}, (0,),
+                   "a tiny sweep")
+sys.exit(common.Scheduler(folder / "records", folder / "sweeps", lambda: [task])
+         .run(folder / "runs", 1) or 0)
+"""
+# A tiny model on the in-memory synthetic source, long enough to be training when stopped.
+TINY = {"data.dataset": "synthetic", "model.heads": 2, "train.batch_size": 4,
+        "train.sequence_length": 32, "train.iterations": 400, "train.eval_interval": 400,
+        "train.log_interval": 1, "train.sample_tokens": 0}
+
+
+@pytest.mark.slow
+def test_a_stopped_driver_stops_its_sweeps_where_they_can_resume(tmp_path):
+    # Before: SIGTERM ended the driver alone; its sweep went on training without it, holding
+    # the run's lock, so the next driver could not resume that sweep.
+    script = DRIVER.format(studies=str(FAIR.parents[1]), base=TINY)
+    driver = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)],
+                              env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "runs" / "tiny" / "adamw-lrx1" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.is_file() and '"train_loss"' in metrics.read_text()):
+        assert time.monotonic() < deadline and driver.poll() is None, driver.communicate()
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGTERM)
+    stdout, stderr = driver.communicate(timeout=120)
+    assert driver.returncode == 75, stderr
+    assert "stopped tiny" in stdout and "study: stopped by SIGTERM" in stderr
+    assert "Traceback" not in stderr
+    written = metrics.read_bytes()
+    time.sleep(1.0)  # nothing is left training: the metrics stay as they are
+    assert metrics.read_bytes() == written
+    state = run_state(metrics.parent)
+    assert state["state"] == "partial" and 0 < state["step"] < 400, state
+    assert any((metrics.parent / "checkpoints").iterdir())  # it saved before stopping
