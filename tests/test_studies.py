@@ -58,6 +58,31 @@ def test_a_point_outside_the_sweep_does_not_move_its_choice(fair):
     assert best is None and "lr-widen1" in tasks
 
 
+SEED0_TABLE = """
+import sys
+from pathlib import Path
+sys.path.insert(0, "studies/fair")
+import report, study
+known = {study.Key(corpus, steps, "adamw", 0.125, steps // 50, 0): ("recorded", Path())
+         for corpus, steps in (("sh", 2048), ("sh", 4096), ("pr", 4096))}
+planner = study.Planner(known)
+planner.loss = lambda key: 4.0 + key.steps / 1e4
+results = report.Results.__new__(report.Results)
+results.planner = planner
+print("\\n".join(report.seed0_table(results)))
+"""
+
+
+def test_the_seed0_table_lists_only_the_horizons_a_corpus_is_swept_at():
+    # AdamW's run at twice Shakespeare 16x's steps is a budget run, not a Shakespeare 32x sweep;
+    # prose is swept at 32x.
+    table = subprocess.run([sys.executable, "-c", SEED0_TABLE], capture_output=True, text=True,
+                           cwd=FAIR.parents[2], check=True).stdout
+    assert "| shakespeare | 16× | adamw | 40 | 0.125: 4.2048 |" in table
+    assert "| prose | 32× | adamw | 81 | 0.125: 4.4096 |" in table
+    assert "shakespeare | 32×" not in table
+
+
 # -- the scheduler every driver shares (studies/common.py) -------------------------------------
 
 DRIVER = """
