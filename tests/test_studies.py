@@ -83,6 +83,25 @@ def test_the_seed0_table_lists_only_the_horizons_a_corpus_is_swept_at():
     assert "shakespeare | 32×" not in table
 
 
+GAP_CELLS = """
+import sys
+sys.path.insert(0, "studies/fair")
+import report
+from danastar.analysis import seeds
+for differences in ([-0.0658, -0.0689, -0.0673], [-0.042, -0.023, -0.042], [-0.01, 0.005, -0.005]):
+    print(report.gap_cell(report.paired_gap_of(differences)))
+"""
+
+
+def test_a_gap_cell_keeps_a_small_p_visible():
+    # The paired t-test's p for 3 seeds: a tight gap reads "< 0.001" or "0.00x", never "0.00".
+    cells = subprocess.run([sys.executable, "-c", GAP_CELLS], capture_output=True, text=True,
+                           cwd=FAIR.parents[2], check=True).stdout.splitlines()
+    assert cells[0] == "-0.0673 ± 0.0009 (-75.2, < 0.001)"
+    assert cells[1].endswith("(-5.6, 0.03)")
+    assert cells[2] == "-0.0033 ± 0.0044 (-0.8, 0.53)"
+
+
 # -- the scheduler every driver shares (studies/common.py) -------------------------------------
 
 DRIVER = """

@@ -275,7 +275,11 @@ def paired_gap(mine: list[records.Run], theirs: list[records.Run]
     """An optimizer's final loss minus AdamW's, seed by seed (the same data order on both sides),
     with the two-sided p of the paired t-test (n − 1 degrees of freedom)."""
     by_seed = {r.seed: r.final_loss for r in theirs}
-    differences = [r.final_loss - by_seed[r.seed] for r in mine if r.seed in by_seed]
+    return paired_gap_of([r.final_loss - by_seed[r.seed] for r in mine if r.seed in by_seed])
+
+
+def paired_gap_of(differences: list[float]) -> tuple[seeds.MeanSE, float] | None:
+    """The mean of per-seed differences, its standard error and the two-sided p."""
     if len(differences) < 2:
         return None
     gap = seeds.mean_se(differences)
@@ -289,7 +293,15 @@ def gap_cell(gap: tuple[seeds.MeanSE, float] | None) -> str:
     difference, p = gap
     t = difference.mean / difference.se if difference.se > 0 else math.copysign(math.inf,
                                                                                difference.mean)
-    return f"{difference.mean:+.4f} ± {difference.se:.4f} ({t:+.1f}, {p:.2f})"
+    return f"{difference.mean:+.4f} ± {difference.se:.4f} ({t:+.1f}, {p_value(p)})"
+
+
+def p_value(p: float) -> str:
+    """Two decimals where they carry the value; a small p keeps its first significant digit
+    (0.003, not 0.00, which reads as certainty)."""
+    if p < 0.001:
+        return "< 0.001"
+    return f"{p:.3f}" if p < 0.01 else f"{p:.2f}"
 
 
 def _inside(found: budgets.BudgetMultiplier | None) -> tuple[seeds.MeanSE | None, bool]:
@@ -320,7 +332,10 @@ def multiplier_figure(rows: list[dict], corpus: str):
     mine = [r for r in rows if r["corpus"] == corpus]
     if not mine:
         raise UserError(f"no multiplier on {corpus} yet")
-    figure = Figure(figsize=(10.0, 4.2), layout="constrained")
+    # the legend below takes a row per two lines (AdamW's, then one per optimizer and recipe):
+    # the figure grows with it, so that the panels and their label keep their height
+    lines = 1 + len({(r["optimizer"], r["recipe"]) for r in mine})
+    figure = Figure(figsize=(10.0, 3.6 + 0.2 * math.ceil(lines / 2)), layout="constrained")
     axes = figure.subplots(1, 2, sharey=True)
     for ax, estimator in zip(axes, ("within-horizon", "paper")):
         ax.axhline(1.0, color=plots.colour(BASELINE), linewidth=1.2,
