@@ -87,8 +87,8 @@ GAP_CELLS = """
 import sys
 sys.path.insert(0, "studies/fair")
 import report
-from danastar.analysis import seeds
-for differences in ([-0.0658, -0.0689, -0.0673], [-0.042, -0.023, -0.042], [-0.01, 0.005, -0.005]):
+for differences in ([-0.0658, -0.0689, -0.0673], [-0.060, -0.070, -0.065], [-0.042, -0.023, -0.042],
+                    [-0.01, 0.005, -0.005]):
     print(report.gap_cell(report.paired_gap_of(differences)))
 """
 
@@ -98,8 +98,9 @@ def test_a_gap_cell_keeps_a_small_p_visible():
     cells = subprocess.run([sys.executable, "-c", GAP_CELLS], capture_output=True, text=True,
                            cwd=FAIR.parents[2], check=True).stdout.splitlines()
     assert cells[0] == "-0.0673 ± 0.0009 (-75.2, < 0.001)"
-    assert cells[1].endswith("(-5.6, 0.03)")
-    assert cells[2] == "-0.0033 ± 0.0044 (-0.8, 0.53)"
+    assert cells[1] == "-0.0650 ± 0.0029 (-22.5, 0.002)"  # p 0.00197
+    assert cells[2].endswith("(-5.6, 0.03)")
+    assert cells[3] == "-0.0033 ± 0.0044 (-0.8, 0.53)"
 
 
 # -- the scheduler every driver shares (studies/common.py) -------------------------------------
